@@ -1,0 +1,67 @@
+"""The ingest service: the webhook endpoint plus its batching acceptor and sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from services.ingest.accept import Acceptor, AcceptorConfig
+from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
+from services.ingest.sweeper import Sweeper
+from shared import service
+from shared.broker import BROKER, broker_ctx
+from shared.config import Settings
+from shared.db import DB_POOL, pool_ctx
+from shared.metrics import IngestMetrics
+from shared.topology import build_topology
+from shared.web import base_app
+
+REQUIRED_ENV = ("XHUB_WEBHOOK_SECRETS",)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    acceptor_config: AcceptorConfig | None = None,
+    sweep_interval_s: float = 5.0,
+) -> web.Application:
+    metrics = IngestMetrics.create()
+    app = base_app(metrics.registry, client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[METRICS] = metrics
+    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
+    app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=10))
+    app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+
+    async def acceptor_ctx(app: web.Application) -> AsyncIterator[None]:
+        config = acceptor_config or AcceptorConfig()
+        acceptor = Acceptor(app[DB_POOL], app[BROKER], app[METRICS], config)
+        acceptor.start()
+        app[ACCEPTOR] = acceptor
+        sweeper = Sweeper(
+            app[DB_POOL], app[BROKER], app[METRICS], interval_s=sweep_interval_s, config=config
+        )
+        sweeping = asyncio.create_task(sweeper.run_forever(), name="sweeper")
+        try:
+            yield
+        finally:
+            sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeping
+            await acceptor.close()
+
+    app.cleanup_ctx.append(acceptor_ctx)
+    app.router.add_post("/webhooks/xhub", receive_webhook)
+    return app
+
+
+def main(settings: Settings) -> None:
+    ssl_context = None
+    if settings.ingest_tls_cert and settings.ingest_tls_key:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(settings.ingest_tls_cert, settings.ingest_tls_key)
+    service.run(create_app(settings), settings.ingest_port, ssl_context=ssl_context)

@@ -1,0 +1,106 @@
+"""Turning an HTTP delivery into a verified webhook, or saying exactly why not. No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from services.ingest.signatures import verify
+
+ID_HEADER = "X-Webhook-Id"
+TIMESTAMP_HEADER = "X-Webhook-Timestamp"
+SIGNATURE_HEADER = "X-Webhook-Signature"
+
+_MAX_ID_LENGTH = 255
+# Headers kept out of the stored copy: credentials that might sit in front of us.
+_UNSTORED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+class MalformedWebhookError(ValueError):
+    """The request can never be a valid webhook (400, outcome `malformed`)."""
+
+
+class RejectedWebhookError(ValueError):
+    """The request is not provably from the provider, now (401).
+
+    `outcome` is `invalid_signature` or `stale`.
+    """
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The identifying headers of one delivery attempt."""
+
+    event_id: str
+    timestamp: str
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """A delivery that passed every check: authentic, fresh, a JSON object with an event."""
+
+    event_id: str
+    event_type: str
+    payment_id: str | None
+    body: bytes
+
+
+def read_delivery(headers: Mapping[str, str]) -> Delivery:
+    event_id = headers.get(ID_HEADER, "").strip()
+    timestamp = headers.get(TIMESTAMP_HEADER, "").strip()
+    if not event_id:
+        raise MalformedWebhookError(f"missing {ID_HEADER} header")
+    if len(event_id) > _MAX_ID_LENGTH or not event_id.isprintable():
+        raise MalformedWebhookError(f"{ID_HEADER} must be 1-{_MAX_ID_LENGTH} printable characters")
+    if not timestamp:
+        raise MalformedWebhookError(f"missing {TIMESTAMP_HEADER} header")
+    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
+        raise MalformedWebhookError(f"{TIMESTAMP_HEADER} must be Unix seconds")
+    return Delivery(event_id, timestamp, headers.get(SIGNATURE_HEADER, ""))
+
+
+def authenticate(
+    delivery: Delivery, body: bytes, secrets: tuple[bytes, ...], now_s: float, tolerance_s: int
+) -> None:
+    """Raise RejectedWebhookError unless the signature matches and the timestamp is fresh.
+
+    The signature is checked first: `stale` then means an authentic delivery with a clock
+    too far off, which is what an operator needs to know.
+    """
+    if not delivery.signature:
+        raise RejectedWebhookError("invalid_signature", f"missing {SIGNATURE_HEADER} header")
+    if not verify(secrets, delivery.timestamp, body, delivery.signature):
+        raise RejectedWebhookError("invalid_signature", "signature does not match")
+    if abs(now_s - int(delivery.timestamp)) > tolerance_s:
+        raise RejectedWebhookError("stale", "timestamp outside the allowed tolerance")
+
+
+def parse_body(delivery: Delivery, body: bytes) -> Webhook:
+    try:
+        payload: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise MalformedWebhookError("body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise MalformedWebhookError("body must be a JSON object")
+    event_type = payload.get("event")
+    if not isinstance(event_type, str) or not event_type.strip():
+        raise MalformedWebhookError('body has no "event" type')
+    payment_id = payload.get("payment_id")
+    return Webhook(
+        event_id=delivery.event_id,
+        event_type=event_type,
+        payment_id=str(payment_id) if isinstance(payment_id, str | int) else None,
+        body=body,
+    )
+
+
+def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {str(k): v for k, v in headers.items() if k.lower() not in _UNSTORED_HEADERS}

@@ -1,0 +1,176 @@
+"""Settings: the one place that reads the environment, parsed once into a frozen value."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+_NO_SECRETS: tuple[bytes, ...] = ()
+_DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0, 600.0)
+
+
+class ConfigError(Exception):
+    """One or more environment variables are missing or malformed; the message names them all."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    database_url: str = field(repr=False)
+    amqp_url: str = field(repr=False)
+    webhook_secrets: tuple[bytes, ...] = field(repr=False)
+    timestamp_tolerance_s: int
+    max_body_bytes: int
+    xhub_api_url: str | None
+    xhub_api_key: str | None = field(repr=False)
+    smtp_host: str
+    smtp_port: int
+    email_from: str
+    bonus_points: int
+    retry_delays_s: tuple[float, ...]
+    reconcile_interval_s: float
+    reconcile_after_s: float
+    admin_token: str | None = field(repr=False)
+    ingest_port: int
+    api_port: int
+    orders_port: int
+    bonuses_port: int
+    email_port: int
+    reconciler_port: int
+    ingest_tls_cert: str | None
+    ingest_tls_key: str | None
+    amqp_prefix: str
+    log_level: str
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, required: Iterable[str] = ()
+    ) -> Settings:
+        """Parse every variable; raise one ConfigError naming each missing or bad one.
+
+        `required` lists variable names (e.g. XHUB_WEBHOOK_SECRETS) the calling service cannot
+        start without.
+        """
+        env = os.environ if environ is None else environ
+        reader = _Reader(env)
+        values: dict[str, Any] = {
+            "database_url": reader.text(
+                "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/payhooks"
+            ),
+            "amqp_url": reader.text("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+            "webhook_secrets": reader.parse("XHUB_WEBHOOK_SECRETS", _NO_SECRETS, _secrets),
+            "timestamp_tolerance_s": reader.parse("XHUB_TIMESTAMP_TOLERANCE", 300, _positive_int),
+            "max_body_bytes": reader.parse("INGEST_MAX_BODY", 262_144, _positive_int),
+            "xhub_api_url": reader.optional("XHUB_API_URL"),
+            "xhub_api_key": reader.optional("XHUB_API_KEY"),
+            "smtp_host": reader.text("SMTP_HOST", "127.0.0.1"),
+            "smtp_port": reader.parse("SMTP_PORT", 1025, _port),
+            "email_from": reader.text("EMAIL_FROM", "payments@payhooks.localhost"),
+            "bonus_points": reader.parse("BONUS_POINTS", 500, _positive_int),
+            "retry_delays_s": reader.parse("RETRY_DELAYS", _DEFAULT_RETRY_DELAYS_S, _delays),
+            "reconcile_interval_s": reader.parse("RECONCILE_INTERVAL", 60.0, _positive_float),
+            "reconcile_after_s": reader.parse("RECONCILE_AFTER", 900.0, _positive_float),
+            "admin_token": reader.optional("ADMIN_TOKEN"),
+            "ingest_port": reader.parse("INGEST_PORT", 8080, _port),
+            "api_port": reader.parse("API_PORT", 8081, _port),
+            "orders_port": reader.parse("ORDERS_PORT", 9101, _port),
+            "bonuses_port": reader.parse("BONUSES_PORT", 9102, _port),
+            "email_port": reader.parse("EMAIL_PORT", 9103, _port),
+            "reconciler_port": reader.parse("RECONCILER_PORT", 9104, _port),
+            "ingest_tls_cert": reader.optional("INGEST_TLS_CERT"),
+            "ingest_tls_key": reader.optional("INGEST_TLS_KEY"),
+            "amqp_prefix": reader.text("AMQP_PREFIX", ""),
+            "log_level": reader.parse("LOG_LEVEL", "INFO", _log_level),
+        }
+        for name in required:
+            if not env.get(name, "").strip() and name not in reader.errors:
+                reader.errors[name] = "is required"
+        if (values["ingest_tls_cert"] is None) != (values["ingest_tls_key"] is None):
+            reader.errors["INGEST_TLS_CERT/INGEST_TLS_KEY"] = "must be set together"
+        if reader.errors:
+            problems = "; ".join(f"{name} {why}" for name, why in sorted(reader.errors.items()))
+            raise ConfigError(f"invalid configuration: {problems}")
+        return cls(**values)
+
+    def redacted(self) -> dict[str, object]:
+        """Every setting that is safe to log (secrets and credentials left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+
+
+class _Reader:
+    """Collects parse errors instead of stopping at the first one."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.errors: dict[str, str] = {}
+
+    def text(self, name: str, default: str) -> str:
+        return self.env.get(name, default)
+
+    def optional(self, name: str) -> str | None:
+        value = self.env.get(name, "").strip()
+        return value or None
+
+    def parse(self, name: str, default: T, parser: Callable[[str], T]) -> T:
+        raw = self.env.get(name)
+        if raw is None or raw.strip() == "":
+            return default
+        try:
+            return parser(raw.strip())
+        except ValueError as e:
+            # The message describes the expected shape, never echoes the value (it may be secret).
+            self.errors[name] = str(e)
+            return default
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number") from None
+    if value <= 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > 65535:
+        raise ValueError("must be a port number (1-65535)")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    if not value > 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def _delays(raw: str) -> tuple[float, ...]:
+    try:
+        delays = tuple(_positive_float(part) for part in raw.split(","))
+    except ValueError:
+        raise ValueError("must be comma-separated positive seconds, e.g. 1,5,30") from None
+    return delays
+
+
+def _secrets(raw: str) -> tuple[bytes, ...]:
+    secrets = tuple(part.strip().encode() for part in raw.split(",") if part.strip())
+    if not secrets:
+        raise ValueError("must hold at least one secret")
+    return secrets
+
+
+def _log_level(raw: str) -> str:
+    level = raw.upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+    return level

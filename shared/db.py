@@ -1,0 +1,86 @@
+"""PostgreSQL: pool creation (jsonb via orjson, bounded timeouts) and transient-error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import orjson
+from aiohttp import web
+
+from shared.web import READINESS_CHECKS
+
+# Every statement on the request path must finish well inside the provider's 10 s budget.
+CONNECT_TIMEOUT_S = 3.0
+COMMAND_TIMEOUT_S = 5.0
+
+DB_POOL = web.AppKey("db_pool", asyncpg.Pool)
+
+# Errors that mean "the database is unreachable or overloaded right now", worth a retry.
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.QueryCanceledError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+    asyncpg.InsufficientResourcesError,
+    asyncpg.OperatorInterventionError,
+)
+
+
+async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda value: orjson.dumps(value).decode(),
+        decoder=orjson.loads,
+        schema="pg_catalog",
+    )
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool[Any]:
+    pool: asyncpg.Pool[Any] = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=CONNECT_TIMEOUT_S,
+        command_timeout=COMMAND_TIMEOUT_S,
+        init=_init_connection,
+    )
+    return pool
+
+
+@asynccontextmanager
+async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Pool[Any]]:
+    """A pool for the lifetime of a service.
+
+    min_size=0: the service starts even when PostgreSQL is down (it answers 503 until the
+    database is back) instead of crashing at boot.
+    """
+    pool = await create_pool(dsn, min_size=0, max_size=max_size)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context that opens the pool at startup and closes it at shutdown."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        async with open_pool(dsn, max_size=max_size) as pool:
+            app[DB_POOL] = pool
+
+            async def database() -> bool:
+                return bool(await pool.fetchval("SELECT 1"))
+
+            app[READINESS_CHECKS].append(database)
+            yield
+
+    return ctx

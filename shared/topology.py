@@ -1,0 +1,174 @@
+"""RabbitMQ topology as data: the only module that spells exchange and queue names.
+
+One topic exchange carries every event (routing key = event type). Its alternate exchange
+feeds `unrouted`, so a published message is never silently dropped. Each work queue has a
+retry queue per step of RETRY_DELAYS (a fixed per-queue TTL dead-letters the message back to
+the work queue when it expires) and its own DLQ. All queues are quorum queues; dead-lettering
+from them is at-least-once (RabbitMQ >= 3.10, needs `x-overflow: reject-publish`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, ExchangeType
+
+# A message redelivered this many times (the process died holding it, again and again) is
+# dead-lettered by RabbitMQ itself with reason `delivery_limit`.
+DELIVERY_LIMIT = 10
+
+WORK_QUEUES = ("orders", "bonuses", "emails")
+
+# Which routing keys each work queue consumes. Provider events for payments and refunds go to
+# orders; the transitions the orders worker publishes go to bonuses and emails.
+BINDINGS: dict[str, tuple[str, ...]] = {
+    "orders": ("payment.status_changed", "refund.*"),
+    "bonuses": ("order.*",),
+    "emails": ("order.*",),
+}
+
+_QUORUM_DLX_ARGS = {
+    "x-dead-letter-strategy": "at-least-once",
+    "x-overflow": "reject-publish",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    bindings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkQueue:
+    """A work queue's names: where it lives, where it retries, where it dies."""
+
+    name: str
+    retry_queues: tuple[str, ...]
+    dlq: str
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    prefix: str
+    exchange: str
+    alternate_exchange: str
+    unrouted: str
+    work: dict[str, WorkQueue]
+    queues: tuple[QueueSpec, ...]
+
+    def work_queue(self, base_name: str) -> WorkQueue:
+        return self.work[base_name]
+
+
+def retry_queue_name(queue: str, delay_s: float) -> str:
+    # The delay is part of the name: a queue's TTL can't change once declared, so a new
+    # RETRY_DELAYS gets new queues instead of a PRECONDITION_FAILED at startup.
+    return f"{queue}.retry.{round(delay_s * 1000)}ms"
+
+
+def build_topology(prefix: str, retry_delays_s: tuple[float, ...]) -> Topology:
+    exchange = f"{prefix}payhooks.events"
+    unrouted = f"{prefix}unrouted"
+    queues = [QueueSpec(unrouted, {"x-queue-type": "quorum"})]
+    work: dict[str, WorkQueue] = {}
+    for base in WORK_QUEUES:
+        name = f"{prefix}{base}"
+        dlq = f"{name}.dlq"
+        retries = tuple(retry_queue_name(name, d) for d in retry_delays_s)
+        queues.append(
+            QueueSpec(
+                name,
+                {
+                    "x-queue-type": "quorum",
+                    "x-delivery-limit": DELIVERY_LIMIT,
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": dlq,
+                    **_QUORUM_DLX_ARGS,
+                },
+                BINDINGS[base],
+            )
+        )
+        for retry, delay in zip(retries, retry_delays_s, strict=True):
+            queues.append(
+                QueueSpec(
+                    retry,
+                    {
+                        "x-queue-type": "quorum",
+                        "x-message-ttl": round(delay * 1000),
+                        "x-dead-letter-exchange": "",
+                        "x-dead-letter-routing-key": name,
+                        **_QUORUM_DLX_ARGS,
+                    },
+                )
+            )
+        queues.append(QueueSpec(dlq, {"x-queue-type": "quorum"}))
+        work[base] = WorkQueue(name, retries, dlq)
+    return Topology(
+        prefix=prefix,
+        exchange=exchange,
+        alternate_exchange=f"{prefix}payhooks.unrouted",
+        unrouted=unrouted,
+        work=work,
+        queues=tuple(queues),
+    )
+
+
+async def declare(channel: AbstractChannel, topology: Topology) -> aio_pika.abc.AbstractExchange:
+    """Declare everything; idempotent, run at every startup. Returns the events exchange."""
+    alternate = await channel.declare_exchange(
+        topology.alternate_exchange, ExchangeType.FANOUT, durable=True
+    )
+    exchange = await channel.declare_exchange(
+        topology.exchange,
+        ExchangeType.TOPIC,
+        durable=True,
+        arguments={"alternate-exchange": topology.alternate_exchange},
+    )
+    for spec in topology.queues:
+        queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
+        for key in spec.bindings:
+            await queue.bind(exchange, routing_key=key)
+        if spec.name == topology.unrouted:
+            await queue.bind(alternate, routing_key="")
+    return exchange
+
+
+async def delete(channel: AbstractChannel, topology: Topology) -> None:
+    """Remove every queue and exchange of `topology` (tests and benchmarks with a prefix)."""
+    for spec in topology.queues:
+        await channel.queue_delete(spec.name)
+    await channel.exchange_delete(topology.exchange)
+    await channel.exchange_delete(topology.alternate_exchange)
+
+
+_MAX_ROUTING_KEY_BYTES = 255
+
+
+def routing_key(event_type: str) -> str:
+    """The routing key for an event type; one AMQP can't carry goes to `unrouted`."""
+    if len(event_type.encode()) > _MAX_ROUTING_KEY_BYTES:
+        return "unroutable"
+    return event_type
+
+
+def _topic_matches(pattern: str, key: str) -> bool:
+    """AMQP topic matching: `*` is exactly one word, `#` zero or more."""
+
+    def match(p: list[str], k: list[str]) -> bool:
+        if not p:
+            return not k
+        if p[0] == "#":
+            return any(match(p[1:], k[i:]) for i in range(len(k) + 1))
+        return bool(k) and p[0] in ("*", k[0]) and match(p[1:], k[1:])
+
+    return match(pattern.split("."), key.split("."))
+
+
+def is_routed(event_type: str) -> bool:
+    """Whether some work queue consumes this event type (else it lands in `unrouted`)."""
+    key = routing_key(event_type)
+    return any(_topic_matches(p, key) for keys in BINDINGS.values() for p in keys)

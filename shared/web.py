@@ -1,0 +1,50 @@
+"""The aiohttp base every service builds on: /healthz, /readyz and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+ReadinessCheck = Callable[[], Awaitable[bool]]
+
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+READINESS_CHECKS = web.AppKey("readiness_checks", list[ReadinessCheck])
+
+_READINESS_TIMEOUT_S = 2.0
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    failing = []
+    for check in request.app[READINESS_CHECKS]:
+        try:
+            async with asyncio.timeout(_READINESS_TIMEOUT_S):
+                ok = await check()
+        except Exception:  # any failure of a check means "not ready"
+            ok = False
+        if not ok:
+            failing.append(getattr(check, "__name__", "check"))
+    if failing:
+        return web.json_response({"status": "unavailable", "failing": failing}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def base_app(registry: CollectorRegistry, *, client_max_size: int = 1024**2) -> web.Application:
+    app = web.Application(client_max_size=client_max_size)
+    app[REGISTRY] = registry
+    app[READINESS_CHECKS] = []
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
