@@ -35,7 +35,7 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
+async def init_connection(conn: asyncpg.Connection[Any]) -> None:
     await conn.set_type_codec(
         "jsonb",
         encoder=lambda value: orjson.dumps(value).decode(),
@@ -51,7 +51,7 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
         max_size=max_size,
         timeout=CONNECT_TIMEOUT_S,
         command_timeout=COMMAND_TIMEOUT_S,
-        init=_init_connection,
+        init=init_connection,
     )
     return pool
 

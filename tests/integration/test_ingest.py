@@ -1,0 +1,166 @@
+"""The webhook endpoint against real PostgreSQL and RabbitMQ: every row of SPEC section 3."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient
+
+from services.ingest.app import create_app
+from shared.broker import BROKER
+from shared.config import Settings
+from shared.topology import Topology
+from tests.conftest import TEST_SECRETS
+from tests.helpers import delivery, drain, payment_event, signed_headers
+
+SECRET = TEST_SECRETS[0]
+URL = "/webhooks/xhub"
+
+
+@pytest.fixture
+async def client(aiohttp_client: Any, settings: Settings, amqp: Any) -> TestClient:
+    app = create_app(settings, sweep_interval_s=0.2)
+    client: TestClient = await aiohttp_client(app)
+    await app[BROKER].wait_connected(10)
+    return client
+
+
+async def inbox_rows(db: Any) -> list[Any]:
+    return list(await db.fetch("SELECT * FROM inbox ORDER BY id"))
+
+
+async def test_new_event_is_stored_and_published_once(
+    client: TestClient, db: Any, amqp: Any, topology: Topology
+) -> None:
+    payload = payment_event()
+    body, headers = delivery(payload, SECRET, event_id="evt_new_1")
+
+    response = await client.post(URL, data=body, headers=headers)
+
+    assert response.status == 200
+    assert await response.json() == {"status": "accepted"}
+    rows = await inbox_rows(db)
+    assert len(rows) == 1
+    assert rows[0]["event_id"] == "evt_new_1"
+    assert bytes(rows[0]["body"]) == body
+    assert rows[0]["headers"]["X-Webhook-Signature"] == headers["X-Webhook-Signature"]
+    assert rows[0]["payment_id"] == payload["payment_id"]
+    messages = await drain(amqp, topology.work["orders"].name)
+    assert [m.message_id for m in messages] == ["evt_new_1"]
+    assert messages[0].body == body
+    assert messages[0].delivery_mode == 2
+
+
+async def test_duplicate_event_is_answered_duplicate_and_not_republished(
+    client: TestClient, db: Any, amqp: Any, topology: Topology
+) -> None:
+    body, headers = delivery(payment_event(), SECRET, event_id="evt_dup")
+    first = await client.post(URL, data=body, headers=headers)
+    second = await client.post(URL, data=body, headers=headers)
+
+    assert first.status == second.status == 200
+    assert await second.json() == {"status": "duplicate"}
+    rows = await inbox_rows(db)
+    assert len(rows) == 1
+    assert rows[0]["duplicates"] == 1
+    assert len(await drain(amqp, topology.work["orders"].name)) == 1
+
+
+async def test_fifty_concurrent_copies_make_one_row_and_one_message(
+    client: TestClient, db: Any, amqp: Any, topology: Topology
+) -> None:
+    body, headers = delivery(payment_event(), SECRET, event_id="evt_storm")
+
+    responses = await asyncio.gather(*(client.post(URL, data=body, headers=headers) for _ in range(50)))
+
+    assert [r.status for r in responses] == [200] * 50
+    outcomes = sorted([(await r.json())["status"] for r in responses])
+    assert outcomes.count("accepted") == 1
+    assert len(await inbox_rows(db)) == 1
+    assert len(await drain(amqp, topology.work["orders"].name)) == 1
+
+
+async def test_unknown_event_type_is_accepted_into_unrouted(
+    client: TestClient, db: Any, amqp: Any, topology: Topology
+) -> None:
+    body, headers = delivery({"event": "kyc.status_changed", "status": "approved"}, SECRET)
+
+    response = await client.post(URL, data=body, headers=headers)
+
+    assert response.status == 200
+    assert await response.json() == {"status": "accepted"}
+    assert len(await inbox_rows(db)) == 1
+    assert len(await drain(amqp, topology.unrouted)) == 1
+    assert await drain(amqp, topology.work["orders"].name, settle_s=0.1) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda h, b: (h.pop("X-Webhook-Id"), b)[1], "missing X-Webhook-Id"),
+        (lambda h, b: (h.pop("X-Webhook-Timestamp"), b)[1], "missing X-Webhook-Timestamp"),
+        (lambda h, b: (h.update({"X-Webhook-Timestamp": "soon"}), b)[1], "Unix seconds"),
+        (lambda h, b: b"{not json", "not valid JSON"),
+        (lambda h, b: b"[1, 2]", "JSON object"),
+        (lambda h, b: b'{"payment_id": "p"}', '"event"'),
+    ],
+)
+async def test_malformed_request_is_400_and_stored_nowhere(
+    client: TestClient, db: Any, amqp: Any, topology: Topology, mutate: Any, reason: str
+) -> None:
+    headers = signed_headers(b"", SECRET)
+    body = mutate(headers, orjson.dumps(payment_event()))
+    if "X-Webhook-Timestamp" in headers and headers["X-Webhook-Timestamp"].isdigit():
+        headers = {**headers, **_resign(body, headers)}
+
+    response = await client.post(URL, data=body, headers=headers)
+
+    assert response.status == 400
+    assert reason in (await response.json())["error"]
+    assert await inbox_rows(db) == []
+    assert await drain(amqp, topology.work["orders"].name, settle_s=0.1) == []
+
+
+def _resign(body: bytes, headers: dict[str, str]) -> dict[str, str]:
+    fresh = signed_headers(body, SECRET, timestamp=int(headers["X-Webhook-Timestamp"]))
+    return {"X-Webhook-Signature": fresh["X-Webhook-Signature"]}
+
+
+async def test_bad_signature_is_401(client: TestClient, db: Any) -> None:
+    body, headers = delivery(payment_event(), "not-our-secret")
+
+    response = await client.post(URL, data=body, headers=headers)
+
+    assert response.status == 401
+    assert await inbox_rows(db) == []
+
+
+@pytest.mark.parametrize("skew_s", [-301, 301])
+async def test_timestamp_outside_tolerance_is_401_stale(
+    client: TestClient, db: Any, skew_s: int
+) -> None:
+    body, headers = delivery(payment_event(), SECRET, timestamp=int(time.time()) + skew_s)
+
+    response = await client.post(URL, data=body, headers=headers)
+
+    assert response.status == 401
+    metrics = await (await client.get("/metrics")).text()
+    assert 'payhooks_webhooks_received_total{outcome="stale",provider="xhub"} 1.0' in metrics
+    assert await inbox_rows(db) == []
+
+
+async def test_body_over_limit_is_413(
+    aiohttp_client: Any, make_settings: Any, db: Any, amqp: Any
+) -> None:
+    app = create_app(make_settings(INGEST_MAX_BODY="1024"))
+    client = await aiohttp_client(app)
+    body, headers = delivery(payment_event(padding="x" * 2000), SECRET)
+
+    response = await client.post(URL, data=body, headers=headers)
+
+    assert response.status == 413
+    assert await inbox_rows(db) == []
