@@ -88,6 +88,21 @@ class Broker:
         return self._channel
 
     @property
+    def connection(self) -> AbstractRobustConnection:
+        if self._connection is None or self._connection.is_closed:
+            raise UnavailableError("RabbitMQ is not connected")
+        return self._connection
+
+    async def publish_to_queue(
+        self, queue: str, message: aio_pika.Message, timeout_s: float
+    ) -> None:
+        """Publish straight to one queue (retry tiers, DLQs) and wait for the confirm."""
+        channel = self.channel
+        await asyncio.wait_for(
+            channel.default_exchange.publish(message, queue, mandatory=True), timeout_s
+        )
+
+    @property
     def is_ready(self) -> bool:
         return (
             self._connection is not None

@@ -12,7 +12,7 @@ from shared.config import ConfigError, Settings
 from shared.logs import configure_logging
 from shared.migrate import migrate
 
-SERVICES = ("ingest",)
+SERVICES = ("ingest", "orders", "bonuses", "email")
 
 EXIT_OK = 0
 EXIT_USAGE = 2

@@ -8,11 +8,24 @@ class PayhooksError(Exception):
 
 
 class TransientError(PayhooksError):
-    """A dependency is down, slow or overloaded: the same input may succeed later."""
+    """A dependency is down, slow or overloaded: the same input may succeed later.
+
+    `reason` is what a worker records when the retry ladder runs out.
+    """
+
+    reason = "retries_exhausted"
 
 
 class PermanentError(PayhooksError):
-    """The input itself is wrong: retrying it can never succeed."""
+    """The input itself is wrong: retrying it can never succeed (straight to the DLQ)."""
+
+    reason = "invalid_message"
+
+
+class UnknownPaymentError(TransientError):
+    """An event for a payment no order is registered for (yet): retry, then dead-letter."""
+
+    reason = "unknown_payment"
 
 
 class UnavailableError(TransientError):

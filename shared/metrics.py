@@ -67,3 +67,84 @@ class IngestMetrics:
                 registry=registry,
             ),
         )
+
+
+WORKER_OUTCOMES = ("ok", "skipped_duplicate", "retried", "dead_lettered")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMetrics:
+    registry: CollectorRegistry
+    worker: str
+    messages_processed: Counter
+    processing_duration: Histogram
+
+    @classmethod
+    def create(cls, worker: str, registry: CollectorRegistry | None = None) -> WorkerMetrics:
+        registry = registry or CollectorRegistry()
+        processed = Counter(
+            "payhooks_messages_processed",
+            "Messages a worker finished with, by outcome.",
+            ["worker", "outcome"],
+            registry=registry,
+        )
+        for outcome in WORKER_OUTCOMES:
+            processed.labels(worker=worker, outcome=outcome)
+        return cls(
+            registry=registry,
+            worker=worker,
+            messages_processed=processed,
+            processing_duration=Histogram(
+                "payhooks_processing_duration_seconds",
+                "Time a worker spent on one message, from delivery to ack.",
+                ["worker"],
+                buckets=_LATENCY_BUCKETS,
+                registry=registry,
+            ),
+        )
+
+    def observe(self, outcome: str, duration_s: float) -> None:
+        self.messages_processed.labels(worker=self.worker, outcome=outcome).inc()
+        self.processing_duration.labels(worker=self.worker).observe(duration_s)
+
+
+@dataclass(frozen=True, slots=True)
+class BonusMetrics:
+    points_granted: Counter
+    entries: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> BonusMetrics:
+        entries = Counter(
+            "payhooks_bonus_entries",
+            "Bonus ledger entries written, by kind (grant, clawback, restore).",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in ("grant", "clawback", "restore"):
+            entries.labels(kind=kind)
+        return cls(
+            points_granted=Counter(
+                "payhooks_bonus_points_granted",
+                "Bonus points granted (first PAID/SETTLED of a payment).",
+                registry=registry,
+            ),
+            entries=entries,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EmailMetrics:
+    emails_sent: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> EmailMetrics:
+        sent = Counter(
+            "payhooks_emails_sent",
+            "Customer emails accepted by the SMTP server, by template.",
+            ["template"],
+            registry=registry,
+        )
+        for template in ("payment_succeeded", "payment_refunded"):
+            sent.labels(template=template)
+        return cls(emails_sent=sent)

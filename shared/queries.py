@@ -5,13 +5,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 from typing import Any, TypeAlias
 
 import asyncpg
 import orjson
+from asyncpg.pool import PoolConnectionProxy
 
-# asyncpg's Pool and Connection both offer fetch/execute; callers pass either.
-Executor: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any]"
+# asyncpg's Pool, Connection and pooled connection all offer fetch/execute; callers pass either.
+Executor: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +125,212 @@ async def claim_unpublished(
     """Claim stored rows nobody is publishing (safe with several ingest replicas)."""
     rows = await db.fetch(_CLAIM_UNPUBLISHED, claim, lease_s, limit)
     return [Unpublished(**dict(r)) for r in rows]
+
+
+# --- workers -------------------------------------------------------------------------------
+
+
+async def mark_processed(conn: Executor, worker: str, event_id: str, outcome: str) -> bool:
+    """Record that `worker` handled `event_id`; False if it already had (a redelivery).
+
+    Runs inside the effect's transaction: a concurrent copy blocks on the unique key until
+    this one commits or rolls back, so only one of them ever applies the effect.
+    """
+    row = await conn.fetchval(
+        "INSERT INTO processed_events (worker, event_id, outcome) VALUES ($1, $2, $3)"
+        " ON CONFLICT DO NOTHING RETURNING true",
+        worker,
+        event_id,
+        outcome,
+    )
+    return row is True
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    id: int
+    message_id: str
+    routing_key: str
+    body: bytes
+
+
+async def add_to_outbox(conn: Executor, message_id: str, routing_key: str, body: bytes) -> None:
+    await conn.execute(
+        "INSERT INTO outbox (message_id, routing_key, body) VALUES ($1, $2, $3)"
+        " ON CONFLICT (message_id) DO NOTHING",
+        message_id,
+        routing_key,
+        body,
+    )
+
+
+async def lock_unpublished_outbox(conn: Executor, limit: int) -> list[OutboxMessage]:
+    """Oldest unpublished outbox rows, locked; other relays skip them (SKIP LOCKED)."""
+    rows = await conn.fetch(
+        "SELECT id, message_id, routing_key, body FROM outbox WHERE published_at IS NULL"
+        " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+        limit,
+    )
+    return [OutboxMessage(**dict(r)) for r in rows]
+
+
+async def mark_outbox_published(conn: Executor, ids: Sequence[int]) -> None:
+    await conn.execute(
+        "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", list(ids)
+    )
+
+
+# --- orders --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewOrder:
+    order_id: str
+    payment_id: str
+    user_id: str
+    email: str
+    amount: Decimal
+    currency: str
+
+
+class OrderConflictError(Exception):
+    """The order id or payment id is already registered with different details."""
+
+
+_ORDER_COLUMNS = (
+    "order_id, payment_id, user_id, email, amount, currency, status, refunded_amount,"
+    " refunded_at, refund_ids, created_at, updated_at"
+)
+
+
+async def register_order(conn: Executor, order: NewOrder) -> tuple[asyncpg.Record, bool]:
+    """Insert the order; idempotent on order_id. Returns (row, created)."""
+    try:
+        row = await conn.fetchrow(
+            "INSERT INTO orders (order_id, payment_id, user_id, email, amount, currency)"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (order_id) DO NOTHING"
+            f" RETURNING {_ORDER_COLUMNS}",
+            order.order_id,
+            order.payment_id,
+            order.user_id,
+            order.email,
+            order.amount,
+            order.currency,
+        )
+    except asyncpg.UniqueViolationError:
+        raise OrderConflictError(f"payment {order.payment_id} belongs to another order") from None
+    if row is not None:
+        return row, True
+    existing = await conn.fetchrow(
+        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order.order_id
+    )
+    if existing is None:  # deleted between the two statements: let the caller retry
+        raise OrderConflictError(f"order {order.order_id} changed concurrently")
+    same = (
+        existing["payment_id"] == order.payment_id
+        and existing["user_id"] == order.user_id
+        and existing["email"] == order.email
+        and existing["amount"] == order.amount
+        and existing["currency"] == order.currency
+    )
+    if not same:
+        raise OrderConflictError(f"order {order.order_id} is registered with other details")
+    return existing, False
+
+
+async def lock_order(conn: Executor, payment_id: str) -> asyncpg.Record | None:
+    """The order of a payment, row-locked until the transaction ends (one writer at a time)."""
+    return await conn.fetchrow(
+        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE payment_id = $1 FOR UPDATE", payment_id
+    )
+
+
+async def save_order_state(
+    conn: Executor,
+    payment_id: str,
+    status: str,
+    refunded_amount: Decimal,
+    refunded_at: datetime | None,
+    refund_ids: Sequence[str],
+) -> None:
+    await conn.execute(
+        "UPDATE orders SET status = $2, refunded_amount = $3, refunded_at = $4,"
+        " refund_ids = $5, updated_at = now() WHERE payment_id = $1",
+        payment_id,
+        status,
+        refunded_amount,
+        refunded_at,
+        list(refund_ids),
+    )
+
+
+async def add_transition(
+    conn: Executor, payment_id: str, from_status: str, to_status: str, event_id: str
+) -> None:
+    await conn.execute(
+        "INSERT INTO order_transitions (payment_id, from_status, to_status, event_id)"
+        " VALUES ($1, $2, $3, $4)",
+        payment_id,
+        from_status,
+        to_status,
+        event_id,
+    )
+
+
+# --- bonuses -------------------------------------------------------------------------------
+
+
+async def order_status_for_update(conn: Executor, payment_id: str) -> asyncpg.Record | None:
+    """The order's status and user, locked: one bonus decision per payment at a time."""
+    return await conn.fetchrow(
+        "SELECT status, user_id FROM orders WHERE payment_id = $1 FOR UPDATE", payment_id
+    )
+
+
+async def ledger_kinds(conn: Executor, payment_id: str) -> set[str]:
+    rows = await conn.fetch("SELECT kind FROM bonus_ledger WHERE payment_id = $1", payment_id)
+    return {r["kind"] for r in rows}
+
+
+async def add_ledger_entry(
+    conn: Executor, payment_id: str, user_id: str, kind: str, points: int, event_id: str
+) -> bool:
+    """Insert an entry; False if that (payment, kind) already exists."""
+    row = await conn.fetchval(
+        "INSERT INTO bonus_ledger (payment_id, user_id, kind, points, event_id)"
+        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (payment_id, kind) DO NOTHING RETURNING true",
+        payment_id,
+        user_id,
+        kind,
+        points,
+        event_id,
+    )
+    return row is True
+
+
+# --- emails --------------------------------------------------------------------------------
+
+
+async def order_for_payment(conn: Executor, payment_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE payment_id = $1", payment_id
+    )
+
+
+async def record_email(
+    conn: Executor, payment_id: str, template: str, message_id: str, recipient: str, event_id: str
+) -> bool:
+    """Claim the (payment, template) send; False if it was already sent (or is being sent).
+
+    A concurrent claim of the same key waits on the unique index until this transaction ends.
+    """
+    row = await conn.fetchval(
+        "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id)"
+        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+        payment_id,
+        template,
+        message_id,
+        recipient,
+        event_id,
+    )
+    return row is True

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import email
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import aio_pika
 import asyncpg
 import pytest
+from aiosmtpd.controller import Controller
 
 from shared.config import Settings
 from shared.db import init_connection
@@ -29,7 +31,9 @@ TEST_SECRETS = ("test-secret-new", "test-secret-old")
 def _reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 1):
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or default_port), 1
+        ):
             return True
     except OSError:
         return False
@@ -96,7 +100,10 @@ def topology(settings: Settings) -> Topology:
 async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
     conn: asyncpg.Connection[Any] = await asyncpg.connect(migrated_database)
     await init_connection(conn)
-    await conn.execute("TRUNCATE inbox RESTART IDENTITY")
+    await conn.execute(
+        "TRUNCATE inbox, orders, order_transitions, processed_events, outbox, bonus_ledger,"
+        " emails_sent RESTART IDENTITY"
+    )
     try:
         yield conn
     finally:
@@ -115,3 +122,28 @@ async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel
             channel = await connection.channel()
         await delete(channel, topology)
         await connection.close()
+
+
+class SmtpSink:
+    """aiosmtpd handler (it calls handle_<COMMAND>) keeping every message it accepts."""
+
+    def __init__(self) -> None:
+        self.messages: list[email.message.Message] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append(email.message_from_bytes(envelope.content))
+        return "250 Message accepted for delivery"
+
+
+@pytest.fixture
+def smtp() -> Iterator[tuple[SmtpSink, int]]:
+    sink = SmtpSink()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    controller = Controller(sink, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield sink, port
+    finally:
+        controller.stop()

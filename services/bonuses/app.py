@@ -1,0 +1,40 @@
+"""The bonuses worker: consumes order transitions, keeps the bonus ledger."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from services.bonuses.handler import WORKER, make_handler
+from shared import service
+from shared.broker import broker_ctx
+from shared.config import Settings
+from shared.db import DB_POOL, pool_ctx
+from shared.metrics import BonusMetrics, WorkerMetrics
+from shared.topology import build_topology
+from shared.web import base_app
+from shared.worker import worker_ctx
+
+REQUIRED_ENV: tuple[str, ...] = ()
+
+
+def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
+    metrics = WorkerMetrics.create(WORKER)
+    bonus_metrics = BonusMetrics.create(metrics.registry)
+    app = base_app(metrics.registry)
+    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
+    app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=prefetch + 2))
+    app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+    app.cleanup_ctx.append(
+        worker_ctx(
+            WORKER,
+            topology.work_queue("bonuses"),
+            lambda app: make_handler(app[DB_POOL], settings.bonus_points, bonus_metrics),
+            metrics,
+            prefetch=prefetch,
+        )
+    )
+    return app
+
+
+def main(settings: Settings) -> None:
+    service.run(create_app(settings), settings.bonuses_port)

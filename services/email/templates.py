@@ -1,0 +1,77 @@
+"""The two customer emails, as small plain-text and HTML templates. No I/O."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from email.message import EmailMessage
+from string import Template
+
+TEMPLATE_HEADER = "X-Payhooks-Template"
+
+# Which transition sends which email (at most one of each per payment id).
+TEMPLATE_FOR_EVENT = {
+    "order.paid": "payment_succeeded",
+    "order.settled": "payment_succeeded",
+    "order.refunded": "payment_refunded",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    subject: Template
+    text: Template
+    html: Template
+
+
+_TEMPLATES = {
+    "payment_succeeded": _Template(
+        Template("Payment received for order $order_id"),
+        Template(
+            "Hello,\n\nwe received your payment of $amount $currency for order $order_id.\n"
+            "Thank you!\n"
+        ),
+        Template(
+            "<p>Hello,</p><p>we received your payment of <b>$amount $currency</b> for order"
+            " <b>$order_id</b>.</p><p>Thank you!</p>"
+        ),
+    ),
+    "payment_refunded": _Template(
+        Template("Refund for order $order_id"),
+        Template("Hello,\n\nyour payment of $amount $currency for order $order_id was refunded.\n"),
+        Template(
+            "<p>Hello,</p><p>your payment of <b>$amount $currency</b> for order"
+            " <b>$order_id</b> was refunded.</p>"
+        ),
+    ),
+}
+
+
+def message_id(template: str, payment_id: str, email_from: str) -> str:
+    """Deterministic: a resend after a crash carries the same id, so receivers dedup it."""
+    domain = email_from.rpartition("@")[2] or "payhooks.localhost"
+    return f"<{template}.{payment_id}@{domain}>"
+
+
+def render(
+    template: str,
+    *,
+    payment_id: str,
+    order_id: str,
+    amount: str,
+    currency: str,
+    recipient: str,
+    sender: str,
+) -> EmailMessage:
+    parts = _TEMPLATES[template]
+    values = {"order_id": order_id, "amount": amount, "currency": currency}
+    escaped = {k: html.escape(v) for k, v in values.items()}
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = recipient
+    msg["Subject"] = parts.subject.substitute(values)
+    msg["Message-ID"] = message_id(template, payment_id, sender)
+    msg[TEMPLATE_HEADER] = template
+    msg.set_content(parts.text.substitute(values))
+    msg.add_alternative(parts.html.substitute(escaped), subtype="html")
+    return msg

@@ -1,0 +1,43 @@
+"""Wire envelopes the workers exchange, with orjson encode/decode."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from shared.errors import PermanentError
+
+
+class InvalidMessageError(PermanentError):
+    """A message body that can never be processed (goes straight to the DLQ)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OrderTransition:
+    """An order moved from one status to another (published as `order.<to lower>`)."""
+
+    event: str
+    payment_id: str
+    order_id: str
+    user_id: str
+    from_status: str
+    to_status: str
+    source_event_id: str
+
+    @property
+    def message_id(self) -> str:
+        # Deterministic: the same source event can only ever produce the same message.
+        return f"{self.source_event_id}:{self.event}"
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, body: bytes) -> OrderTransition:
+        try:
+            data: Any = orjson.loads(body)
+            return cls(**{name: str(data[name]) for name in cls.__dataclass_fields__})
+        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+            raise InvalidMessageError(f"not an order transition: {e}") from None

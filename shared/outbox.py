@@ -1,0 +1,77 @@
+"""The outbox relay: publishes domain events committed with their transition, in order.
+
+A transition and its event are written in one transaction; this relay then publishes the
+event with a confirm and marks it. A crash between commit and publish leaves the row
+unpublished, and the next pass (this process after restart, or another replica) publishes it.
+A crash between the confirm and the mark publishes it twice: consumers dedup by message id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import structlog
+
+from shared import queries
+from shared.broker import Broker, Outgoing
+
+log = structlog.get_logger(__name__)
+
+_BATCH = 200
+_PUBLISH_TIMEOUT_S = 5.0
+
+
+class OutboxRelay:
+    def __init__(
+        self, pool: asyncpg.Pool[Any], broker: Broker, *, poll_interval_s: float = 1.0
+    ) -> None:
+        self._pool = pool
+        self._broker = broker
+        self._poll_interval_s = poll_interval_s
+        self._wakeup = asyncio.Event()
+
+    def notify(self) -> None:
+        """A transaction just committed outbox rows: publish them now, not at the next poll."""
+        self._wakeup.set()
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                while await self.relay_once() == _BATCH:
+                    pass
+            except Exception as e:  # the relay must outlive any outage; rows wait in the table
+                log.warning("outbox.relay_failed", error=repr(e))
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(self._poll_interval_s):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                pass
+
+    async def relay_once(self) -> int:
+        """Publish one batch of unpublished rows; return how many were taken."""
+        if not self._broker.is_ready:
+            return 0
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await queries.lock_unpublished_outbox(conn, _BATCH)
+            if not rows:
+                return 0
+            messages = [
+                Outgoing(r.routing_key, r.body, r.message_id, r.routing_key, {}) for r in rows
+            ]
+            results = await self._broker.publish_many(messages, _PUBLISH_TIMEOUT_S)
+            # Rows are marked only up to the first failure, so a later event of a payment is
+            # never marked while an earlier one still waits (the next pass retries in order).
+            done = []
+            for row, error in zip(rows, results, strict=True):
+                if error is not None:
+                    log.warning(
+                        "outbox.publish_failed", message_id=row.message_id, error=repr(error)
+                    )
+                    break
+                done.append(row.id)
+            if done:
+                await queries.mark_outbox_published(conn, done)
+        return len(rows)
