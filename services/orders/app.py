@@ -1,0 +1,59 @@
+"""The orders worker: provider events through the state machine, transitions via the outbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from services.orders.handler import WORKER, make_handler
+from shared import service
+from shared.broker import BROKER, broker_ctx
+from shared.config import Settings
+from shared.db import DB_POOL, pool_ctx
+from shared.metrics import WorkerMetrics
+from shared.outbox import OutboxRelay
+from shared.topology import build_topology
+from shared.web import base_app
+from shared.worker import worker_ctx
+
+REQUIRED_ENV: tuple[str, ...] = ()
+
+RELAY = web.AppKey("outbox_relay", OutboxRelay)
+
+
+def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
+    metrics = WorkerMetrics.create(WORKER)
+    app = base_app(metrics.registry)
+    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
+    app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=prefetch + 2))
+    app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+
+    async def relay_ctx(app: web.Application) -> AsyncIterator[None]:
+        relay = OutboxRelay(app[DB_POOL], app[BROKER])
+        app[RELAY] = relay
+        task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app.cleanup_ctx.append(relay_ctx)
+    app.cleanup_ctx.append(
+        worker_ctx(
+            WORKER,
+            topology.work_queue("orders"),
+            lambda app: make_handler(app[DB_POOL], app[RELAY]),
+            metrics,
+            prefetch=prefetch,
+        )
+    )
+    return app
+
+
+def main(settings: Settings) -> None:
+    service.run(create_app(settings), settings.orders_port)

@@ -1,0 +1,319 @@
+"""The order state machine: provider events in, a decision (new state + domain events) out.
+
+Pure: no I/O. `handler.py` loads the order, calls `parse_event` and `decide`, saves, publishes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Final
+
+from shared.errors import PermanentError
+
+# Decisions where SPEC section 5 is silent (each is also noted where it is applied):
+# D1  A paid/settled whose amount or currency differs is still a money event: it moves PENDING
+#     and CANCELLED to AMOUNT_MISMATCH. The provider's own (non-money) amount_mismatch status,
+#     like expired/cancelled/failed, only ever moves PENDING.
+# D2  A mismatched paid/settled on PAID, SETTLED or REFUNDED changes nothing; its reason
+#     (amount_mismatch_ignored) lets the handler flag it for an operator.
+# D3  Amounts compare numerically ("100.0" == "100.00"); currencies compare case-insensitively.
+# D4  refunded_amount never exceeds the order amount nor drops below zero: a refund.completed
+#     after a payment.status_changed "refunded" is usually the same refund seen twice.
+# D5  A refund.completed on an already REFUNDED order records the refund id (so its reversal
+#     can be matched) without any status change.
+# D6  refund.reversed leaves REFUNDED (for PAID) only if both times are known and it happened
+#     strictly after the refund; otherwise the order stays REFUNDED (the safer state), and the
+#     reason reversal_before_refund tells the handler to log it for reconciliation.
+# D7  A refund.reversed for a refund that was never counted on a non-REFUNDED order changes
+#     nothing (reason refund_not_counted): it is a duplicate, or it overtook its refund, which
+#     will then be counted when it arrives; the handler logs it and reconciliation repairs it.
+# D8  A currency mismatch on refund.completed or refund.reversed changes nothing.
+# D9  parse_event: every event needs a payment_id (the orders worker finds orders by it);
+#     money fields are required where decide needs them; amounts must be plain non-negative
+#     decimal strings (no JSON floats, exponents or NaN); a created_at without an offset is
+#     read as UTC; status is compared lower-case.
+
+
+class InvalidEventError(PermanentError):
+    """A webhook body the orders worker can never apply, however often it is retried."""
+
+
+class OrderStatus(StrEnum):
+    PENDING = "PENDING"
+    PAID = "PAID"
+    SETTLED = "SETTLED"
+    REFUNDED = "REFUNDED"
+    CANCELLED = "CANCELLED"
+    AMOUNT_MISMATCH = "AMOUNT_MISMATCH"
+
+
+class Reason(StrEnum):
+    """Why `decide` answered as it did: machine-readable, for logs and metrics labels."""
+
+    TRANSITIONED = "transitioned"
+    AMOUNT_MISMATCH = "amount_mismatch"
+    AMOUNT_MISMATCH_IGNORED = "amount_mismatch_ignored"
+    IGNORED_BACKWARDS = "ignored_backwards"
+    NO_STATE_CHANGE = "no_state_change"
+    IGNORED_STATUS = "ignored_status"
+    IGNORED_EVENT = "ignored_event"
+    PARTIAL_REFUND = "partial_refund"
+    REFUND_RECORDED = "refund_recorded"
+    REFUND_ALREADY_COUNTED = "refund_already_counted"
+    CURRENCY_MISMATCH = "currency_mismatch"
+    REFUND_REVERSED = "refund_reversed"
+    PARTIAL_REFUND_REVERSED = "partial_refund_reversed"
+    REVERSAL_BEFORE_REFUND = "reversal_before_refund"
+    REFUND_NOT_COUNTED = "refund_not_counted"
+
+
+S = OrderStatus
+
+# The forward moves (SPEC 5). The one way back, REFUNDED -> PAID, belongs to refund.reversed
+# alone and is handled there.
+TRANSITIONS: Final[dict[OrderStatus, frozenset[OrderStatus]]] = {
+    S.PENDING: frozenset({S.PAID, S.SETTLED, S.REFUNDED, S.CANCELLED, S.AMOUNT_MISMATCH}),
+    S.CANCELLED: frozenset({S.PAID, S.SETTLED, S.REFUNDED, S.AMOUNT_MISMATCH}),
+    S.AMOUNT_MISMATCH: frozenset({S.PAID, S.SETTLED, S.REFUNDED}),
+    S.PAID: frozenset({S.SETTLED, S.REFUNDED}),
+    S.SETTLED: frozenset({S.REFUNDED}),
+    S.REFUNDED: frozenset(),
+}
+# Money always beats non-money: a non-money status may only leave PENDING (D1).
+NON_MONEY_SOURCES: Final = frozenset({S.PENDING})
+
+STATUS_TARGETS: Final[Mapping[str, OrderStatus]] = {
+    "paid": S.PAID,
+    "settled": S.SETTLED,
+    "refunded": S.REFUNDED,
+    "expired": S.CANCELLED,
+    "cancelled": S.CANCELLED,
+    "failed": S.CANCELLED,
+    "amount_mismatch": S.AMOUNT_MISMATCH,
+}
+MONEY_STATUSES: Final = frozenset({"paid", "settled", "refunded"})
+CHECKED_STATUSES: Final = frozenset({"paid", "settled"})  # compared with the order's money
+
+STATUS_CHANGED: Final = "payment.status_changed"
+REFUND_COMPLETED: Final = "refund.completed"
+REFUND_REVERSED: Final = "refund.reversed"
+
+
+@dataclass(frozen=True, slots=True)
+class OrderState:
+    status: OrderStatus
+    amount: Decimal
+    currency: str
+    refunded_amount: Decimal = Decimal(0)
+    refunded_at: datetime | None = None  # provider time of the refund that made it REFUNDED
+    refund_ids: frozenset[str] = field(default_factory=frozenset)  # refunds already counted
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderEvent:
+    event_type: str
+    status: str | None = None
+    payment_id: str
+    amount: Decimal | None = None
+    currency: str | None = None
+    occurred_at: datetime | None = None  # the payload's created_at
+    refund_id: str | None = None
+
+    def __post_init__(self) -> None:
+        # A ProviderEvent that exists is complete enough for decide (D9).
+        if not self.event_type or not self.payment_id:
+            raise InvalidEventError("event and payment_id are required")
+        if self.event_type.startswith("refund.") and not self.refund_id:
+            raise InvalidEventError(f"{self.event_type} without refund_id")
+        if self.event_type.endswith(".status_changed") and not self.status:
+            raise InvalidEventError(f"{self.event_type} without status")
+        money_needed = self.event_type in (REFUND_COMPLETED, REFUND_REVERSED) or (
+            self.event_type == STATUS_CHANGED and self.status in CHECKED_STATUSES
+        )
+        if money_needed and (self.amount is None or not self.currency):
+            raise InvalidEventError(f"{self.event_type} {self.status} without amount or currency")
+        if self.amount is not None and not (self.amount.is_finite() and self.amount >= 0):
+            raise InvalidEventError("amount must be a finite non-negative decimal")
+        if self.occurred_at is not None and self.occurred_at.utcoffset() is None:
+            raise InvalidEventError("occurred_at must be timezone-aware")
+
+
+@dataclass(frozen=True, slots=True)
+class DomainEvent:
+    name: str  # "order.<to_status lower>", the routing key bonuses and emails bind to
+    from_status: OrderStatus
+    to_status: OrderStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    new_state: OrderState | None  # None: nothing to write
+    events: tuple[DomainEvent, ...]  # the transitions actually made
+    reason: Reason
+
+
+_AMOUNT = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
+def parse_event(payload: Mapping[str, Any]) -> ProviderEvent:
+    """The webhook JSON (SPEC section 3) as a ProviderEvent; InvalidEventError if it never fits."""
+    status = _text(payload, "status")
+    return ProviderEvent(
+        event_type=_text(payload, "event") or "",
+        status=status.lower() if status else None,
+        payment_id=_text(payload, "payment_id") or "",
+        amount=_amount(payload.get("amount")),
+        currency=_text(payload, "currency"),
+        occurred_at=_time(payload.get("created_at")),
+        refund_id=_text(payload, "refund_id"),
+    )
+
+
+def _text(payload: Mapping[str, Any], key: str) -> str | None:
+    value = payload.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidEventError(f"{key} must be a string")
+    return value
+
+
+def _amount(value: Any) -> Decimal | None:
+    if value is None:
+        return None
+    # Money never passes through a binary float: only the contract's decimal string (D9).
+    if not isinstance(value, str) or not _AMOUNT.fullmatch(value):
+        raise InvalidEventError("amount must be a decimal string such as '100.00'")
+    return Decimal(value)
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidEventError("created_at must be an ISO 8601 string")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError as e:
+        raise InvalidEventError("created_at must be ISO 8601") from e
+    return parsed if parsed.utcoffset() is not None else parsed.replace(tzinfo=UTC)  # D9
+
+
+def decide(state: OrderState, event: ProviderEvent) -> Decision:
+    """What `event` does to an order in `state`: the new state to save and events to publish."""
+    if event.event_type == STATUS_CHANGED:
+        return _status_changed(state, event)
+    if event.event_type == REFUND_COMPLETED:
+        return _refund_completed(state, event)
+    if event.event_type == REFUND_REVERSED:
+        return _refund_reversed(state, event)
+    return _unchanged(Reason.IGNORED_EVENT)  # refund.rejected, refund.failed, anything else
+
+
+def _status_changed(state: OrderState, event: ProviderEvent) -> Decision:
+    status = event.status or ""
+    target = STATUS_TARGETS.get(status)
+    if target is None:
+        return _unchanged(Reason.IGNORED_STATUS)  # pending, or a status we do not know
+    mismatch = status in CHECKED_STATUSES and not _money_matches(state, event)
+    if mismatch:
+        target = S.AMOUNT_MISMATCH
+    if target == state.status:
+        return _unchanged(Reason.NO_STATE_CHANGE)
+    money = status in MONEY_STATUSES
+    if target not in TRANSITIONS[state.status] or not (money or state.status in NON_MONEY_SOURCES):
+        return _unchanged(Reason.AMOUNT_MISMATCH_IGNORED if mismatch else Reason.IGNORED_BACKWARDS)
+    new_state = replace(state, status=target)
+    if target is S.REFUNDED:  # the provider says the whole payment went back
+        new_state = replace(new_state, refunded_amount=state.amount, refunded_at=event.occurred_at)
+    return _moved(state, new_state, Reason.AMOUNT_MISMATCH if mismatch else Reason.TRANSITIONED)
+
+
+def _refund_completed(state: OrderState, event: ProviderEvent) -> Decision:
+    refund_id, amount = _refund_of(event)
+    if refund_id in state.refund_ids:
+        return _unchanged(Reason.REFUND_ALREADY_COUNTED)
+    if not _same_currency(state, event):
+        return _unchanged(Reason.CURRENCY_MISMATCH)  # D8
+    total = state.refunded_amount + amount
+    counted = replace(
+        state, refunded_amount=min(total, state.amount), refund_ids=state.refund_ids | {refund_id}
+    )  # D4
+    if state.status is S.REFUNDED:
+        return Decision(counted, (), Reason.REFUND_RECORDED)  # D5
+    if total >= state.amount and S.REFUNDED in TRANSITIONS[state.status]:
+        refunded = replace(counted, status=S.REFUNDED, refunded_at=event.occurred_at)
+        return _moved(state, refunded, Reason.TRANSITIONED)
+    return Decision(counted, (), Reason.PARTIAL_REFUND)
+
+
+def _refund_reversed(state: OrderState, event: ProviderEvent) -> Decision:
+    refund_id, amount = _refund_of(event)
+    if not _same_currency(state, event):
+        return _unchanged(Reason.CURRENCY_MISMATCH)  # D8
+    remaining = max(state.refunded_amount - amount, Decimal(0))  # D4
+    uncounted = replace(state, refunded_amount=remaining, refund_ids=state.refund_ids - {refund_id})
+    if state.status is S.REFUNDED:
+        after = (
+            event.occurred_at is not None
+            and state.refunded_at is not None
+            and event.occurred_at > state.refunded_at
+        )
+        if not after:
+            return _unchanged(Reason.REVERSAL_BEFORE_REFUND)  # D6
+        # The only backward move (SPEC 5): the money came back to the merchant.
+        paid = replace(uncounted, status=S.PAID, refunded_at=None)
+        return _moved(state, paid, Reason.REFUND_REVERSED)
+    if refund_id in state.refund_ids:
+        return Decision(uncounted, (), Reason.PARTIAL_REFUND_REVERSED)
+    return _unchanged(Reason.REFUND_NOT_COUNTED)  # D7
+
+
+def _money_matches(state: OrderState, event: ProviderEvent) -> bool:
+    return event.amount == state.amount and _same_currency(state, event)  # D3
+
+
+def _same_currency(state: OrderState, event: ProviderEvent) -> bool:
+    return (event.currency or "").upper() == state.currency.upper()
+
+
+def _refund_of(event: ProviderEvent) -> tuple[str, Decimal]:
+    if event.refund_id is None or event.amount is None:  # ProviderEvent already forbids this
+        raise InvalidEventError(f"{event.event_type} without refund_id/amount")
+    return event.refund_id, event.amount
+
+
+def _unchanged(reason: Reason) -> Decision:
+    return Decision(None, (), reason)
+
+
+def _moved(old: OrderState, new: OrderState, reason: Reason) -> Decision:
+    event = DomainEvent(f"order.{new.status.lower()}", old.status, new.status)
+    return Decision(new, (event,), reason)
+
+
+def expected_final_status(event_statuses: Iterable[str]) -> OrderStatus:
+    """Final status of a PENDING order after payment.status_changed events with these statuses
+    (amounts matching), delivered in any order and any number of times.
+
+    Written from the rules, not from decide, so tests can hold one against the other. Raises
+    ValueError for the one order-dependent set: a cancel-like status with amount_mismatch and
+    no money status (whichever comes first wins, D1).
+    """
+    seen = set(event_statuses)
+    for status, final in (("refunded", S.REFUNDED), ("settled", S.SETTLED), ("paid", S.PAID)):
+        if status in seen:
+            return final
+    cancelled = bool(seen & {"expired", "cancelled", "failed"})
+    if cancelled and "amount_mismatch" in seen:
+        raise ValueError("cancelled vs amount_mismatch depends on delivery order")
+    if cancelled:
+        return S.CANCELLED
+    if "amount_mismatch" in seen:
+        return S.AMOUNT_MISMATCH
+    return S.PENDING

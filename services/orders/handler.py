@@ -1,0 +1,96 @@
+"""One provider event: lock the order, decide, write state + transitions + outbox, atomically."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import orjson
+import structlog
+
+from services.orders.domain import (
+    InvalidEventError,
+    OrderState,
+    OrderStatus,
+    decide,
+    parse_event,
+)
+from shared import queries
+from shared.errors import UnknownPaymentError
+from shared.messages import OrderTransition
+from shared.outbox import OutboxRelay
+from shared.worker import Delivery, Handler
+
+log = structlog.get_logger(__name__)
+
+WORKER = "orders"
+
+
+def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
+    async def handle(delivery: Delivery) -> str:
+        try:
+            payload = orjson.loads(delivery.body)
+        except orjson.JSONDecodeError:
+            raise InvalidEventError("body is not JSON") from None
+        if not isinstance(payload, dict):
+            raise InvalidEventError("body is not a JSON object")
+        event = parse_event(payload)
+        async with pool.acquire() as conn, conn.transaction():
+            row = await queries.lock_order(conn, event.payment_id)
+            if row is None:
+                raise UnknownPaymentError(f"no order registered for payment {event.payment_id}")
+            state = OrderState(
+                status=OrderStatus(row["status"]),
+                amount=row["amount"],
+                currency=row["currency"],
+                refunded_amount=row["refunded_amount"],
+                refunded_at=row["refunded_at"],
+                refund_ids=frozenset(row["refund_ids"]),
+            )
+            decision = decide(state, event)
+            if not await queries.mark_processed(conn, WORKER, delivery.message_id, decision.reason):
+                return "skipped_duplicate"
+            if decision.new_state is not None:
+                new = decision.new_state
+                await queries.save_order_state(
+                    conn,
+                    event.payment_id,
+                    new.status.value,
+                    new.refunded_amount,
+                    new.refunded_at,
+                    sorted(new.refund_ids),
+                )
+            for domain_event in decision.events:
+                transition = OrderTransition(
+                    event=domain_event.name,
+                    payment_id=event.payment_id,
+                    order_id=row["order_id"],
+                    user_id=row["user_id"],
+                    from_status=domain_event.from_status.value,
+                    to_status=domain_event.to_status.value,
+                    source_event_id=delivery.message_id,
+                )
+                await queries.add_transition(
+                    conn,
+                    event.payment_id,
+                    transition.from_status,
+                    transition.to_status,
+                    delivery.message_id,
+                )
+                await queries.add_to_outbox(
+                    conn, transition.message_id, transition.event, transition.encode()
+                )
+        log.info(
+            "order.decided",
+            payment_id=event.payment_id,
+            event_type=event.event_type,
+            status=event.status,
+            reason=decision.reason,
+            from_status=state.status.value,
+            to_status=(decision.new_state or state).status.value,
+        )
+        if decision.events:
+            relay.notify()
+        return "ok"
+
+    return handle
