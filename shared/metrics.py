@@ -148,3 +148,7 @@ class EmailMetrics:
         for template in ("payment_succeeded", "payment_refunded"):
             sent.labels(template=template)
         return cls(emails_sent=sent)
+
+
+def new_registry() -> CollectorRegistry:
+    return CollectorRegistry()

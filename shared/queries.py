@@ -334,3 +334,7 @@ async def record_email(
         event_id,
     )
     return row is True
+
+
+async def order_by_id(conn: Executor, order_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order_id)

@@ -1,0 +1,45 @@
+"""Operator and shop API handlers (JSON everywhere)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from shared import queries
+from shared.db import DB_POOL
+from shared.orders import OrderValidationError, order_json, parse_new_order
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def json_error(status: int, message: str, **extra: Any) -> web.Response:
+    return json_response({"error": message, **extra}, status=status)
+
+
+async def register_order(request: web.Request) -> web.Response:
+    try:
+        data = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return json_error(400, "body is not valid JSON")
+    if not isinstance(data, dict):
+        return json_error(400, "body must be a JSON object")
+    try:
+        order = parse_new_order(data)
+    except OrderValidationError as e:
+        return json_error(400, "invalid order", fields=e.fields)
+    try:
+        row, created = await queries.register_order(request.app[DB_POOL], order)
+    except queries.OrderConflictError as e:
+        return json_error(409, str(e))
+    return json_response(order_json(row), status=201 if created else 200)
+
+
+async def get_order(request: web.Request) -> web.Response:
+    row = await queries.order_by_id(request.app[DB_POOL], request.match_info["order_id"])
+    if row is None:
+        return json_error(404, "order not found")
+    return json_response(order_json(row))

@@ -1,0 +1,89 @@
+"""The api service: admin token, order registration (validation, idempotency), order lookup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from services.api.app import create_app
+from shared.config import Settings
+
+TOKEN = {"Authorization": "Bearer test-admin-token"}
+ORDER = {
+    "order_id": "ord_api_1",
+    "payment_id": "pay_api_1",
+    "user_id": "user_1",
+    "email": "buyer@example.test",
+    "amount": "100.00",
+    "currency": "USD",
+}
+
+
+@pytest.fixture
+async def api(aiohttp_client: Any, settings: Settings, db: Any) -> TestClient:
+    client: TestClient = await aiohttp_client(create_app(settings))
+    return client
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Basic test-admin-token"},
+        {"Authorization": "test-admin-token"},
+    ],
+)
+async def test_api_routes_need_the_admin_token(api: TestClient, headers: dict[str, str]) -> None:
+    assert (await api.post("/api/orders", json=ORDER, headers=headers)).status == 401
+    assert (await api.get("/api/orders/ord_api_1", headers=headers)).status == 401
+
+
+async def test_health_and_metrics_are_open(api: TestClient) -> None:
+    assert (await api.get("/healthz")).status == 200
+    assert (await api.get("/metrics")).status == 200
+
+
+async def test_registering_an_order_is_idempotent_on_order_id(api: TestClient) -> None:
+    first = await api.post("/api/orders", json=ORDER, headers=TOKEN)
+    again = await api.post("/api/orders", json=ORDER, headers=TOKEN)
+
+    assert first.status == 201
+    assert again.status == 200
+    body = await again.json()
+    assert {k: body[k] for k in ORDER} == ORDER
+    assert body["status"] == "PENDING"
+    assert body["refunded_amount"] == "0.00"
+
+
+async def test_same_order_id_with_other_details_is_a_conflict(api: TestClient) -> None:
+    await api.post("/api/orders", json=ORDER, headers=TOKEN)
+
+    response = await api.post("/api/orders", json={**ORDER, "amount": "99.00"}, headers=TOKEN)
+
+    assert response.status == 409
+
+
+async def test_bad_order_is_400_naming_every_bad_field(api: TestClient, db: Any) -> None:
+    bad = {**ORDER, "amount": "1e3", "currency": "usd", "email": "nobody"}
+    del bad["user_id"]
+
+    response = await api.post("/api/orders", json=bad, headers=TOKEN)
+
+    assert response.status == 400
+    fields = (await response.json())["fields"]
+    assert set(fields) == {"amount", "currency", "email", "user_id"}
+    assert await db.fetchval("SELECT count(*) FROM orders") == 0
+
+
+async def test_order_lookup(api: TestClient) -> None:
+    await api.post("/api/orders", json=ORDER, headers=TOKEN)
+
+    found = await api.get("/api/orders/ord_api_1", headers=TOKEN)
+    missing = await api.get("/api/orders/nope", headers=TOKEN)
+
+    assert found.status == 200
+    assert (await found.json())["payment_id"] == "pay_api_1"
+    assert missing.status == 404
