@@ -49,8 +49,10 @@ async def ensure_database(dsn: str) -> None:
             quoted = await admin.fetchval("SELECT quote_ident($1)", name)
             await admin.execute(f"CREATE DATABASE {quoted}")
             log.info("database.created", database=name)
-        except asyncpg.DuplicateDatabaseError:
-            pass  # another process created it first: fine
+        except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+            # Another process created it first: fine. (Two CREATE DATABASE racing for one
+            # name fail on pg_database's unique index rather than with duplicate_database.)
+            pass
         finally:
             await admin.close()
     else:

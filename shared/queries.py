@@ -62,6 +62,18 @@ RETURNING i.id, i.event_id, (i.xmax = 0) AS inserted,
 """
 
 
+def storable_text(value: str) -> str:
+    """PostgreSQL text and jsonb can't hold NUL or lone surrogates (undecodable header
+    bytes); the exact bytes stay in `body`, this copy is for lookups and reading."""
+    if "\x00" in value or not value.isascii():
+        value = value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode()
+    return value
+
+
+def _storable_headers(headers: dict[str, str]) -> str:
+    return orjson.dumps({storable_text(k): storable_text(v) for k, v in headers.items()}).decode()
+
+
 async def store_batch(
     db: Executor, provider: str, entries: Sequence[InboxEntry], claim: uuid.UUID, lease_s: float
 ) -> list[StoredEntry]:
@@ -69,11 +81,11 @@ async def store_batch(
     rows = await db.fetch(
         _STORE_BATCH,
         provider,
-        [e.event_id for e in entries],
-        [e.event_type for e in entries],
-        [e.payment_id for e in entries],
+        [storable_text(e.event_id) for e in entries],
+        [storable_text(e.event_type) for e in entries],
+        [None if e.payment_id is None else storable_text(e.payment_id) for e in entries],
         [e.body for e in entries],
-        [orjson.dumps(e.headers).decode() for e in entries],
+        [_storable_headers(e.headers) for e in entries],
         claim,
         lease_s,
     )

@@ -9,6 +9,7 @@ from them is at-least-once (RabbitMQ >= 3.10, needs `x-overflow: reject-publish`
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,9 +151,21 @@ _MAX_ROUTING_KEY_BYTES = 255
 
 def routing_key(event_type: str) -> str:
     """The routing key for an event type; one AMQP can't carry goes to `unrouted`."""
-    if len(event_type.encode()) > _MAX_ROUTING_KEY_BYTES:
+    if len(event_type.encode("utf-8", "replace")) > _MAX_ROUTING_KEY_BYTES or "\x00" in event_type:
         return "unroutable"
     return event_type
+
+
+def message_id(event_id: str) -> str:
+    """The AMQP message id for an event id (a short string: at most 255 bytes).
+
+    Longer ids are replaced by their SHA-256, which is just as unique and just as stable for
+    the consumers' dedup.
+    """
+    raw = event_id.encode("utf-8", "replace")
+    if len(raw) > _MAX_ROUTING_KEY_BYTES:
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
+    return event_id
 
 
 def _topic_matches(pattern: str, key: str) -> bool:

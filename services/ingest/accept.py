@@ -25,13 +25,17 @@ import structlog
 from services.ingest.webhook import Webhook
 from shared import queries
 from shared.broker import Broker, Outgoing
-from shared.errors import UnavailableError
+from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
-from shared.topology import routing_key
+from shared.topology import message_id, routing_key
 
 log = structlog.get_logger(__name__)
 
 PROVIDER = "xhub"
+
+
+class UnstorableWebhookError(PermanentError):
+    """PostgreSQL refuses the event's data itself (answered 400: retrying can't help)."""
 
 
 class Outcome(StrEnum):
@@ -64,11 +68,13 @@ class _Item:
 
 
 def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
+    # AMQP short strings hold 255 bytes: the full event type and id stay in the body/inbox.
+    key = routing_key(event_type)
     return Outgoing(
-        routing_key=routing_key(event_type),
+        routing_key=key,
         body=body,
-        message_id=event_id,
-        type=event_type,
+        message_id=message_id(event_id),
+        type=key,
         headers={"provider": provider},
     )
 
@@ -169,34 +175,31 @@ class Acceptor:
         # touch one row twice in a statement).
         groups: dict[str, list[_Item]] = {}
         for item in batch:
-            groups.setdefault(item.webhook.event_id, []).append(item)
+            key = queries.storable_text(item.webhook.event_id)
+            groups.setdefault(key, []).append(item)
         entries = [
             queries.InboxEntry(
-                event_id=w.event_id,
+                event_id=key,
                 event_type=w.event_type,
                 payment_id=w.payment_id,
                 body=w.body,
                 headers=items[0].headers,
             )
-            for items in groups.values()
+            for key, items in groups.items()
             for w in [items[0].webhook]
         ]
         claim = uuid.uuid4()
         try:
             async with asyncio.timeout(self._config.db_timeout_s):
-                stored = await queries.store_batch(
-                    self._pool, PROVIDER, entries, claim, self._config.claim_lease_s
-                )
+                stored = await self._store(entries, claim)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             log.warning("ingest.db_unavailable", error=repr(e), batch=len(batch))
             _fail(batch, UnavailableError("PostgreSQL unavailable"))
             return []
-
-        by_id = {s.event_id: s for s in stored}
         to_publish = [
-            (by_id[e.event_id].id, outgoing(PROVIDER, e.event_id, e.event_type, e.body))
+            (stored[e.event_id].id, outgoing(PROVIDER, e.event_id, e.event_type, e.body))
             for e in entries
-            if by_id[e.event_id].must_publish
+            if e.event_id in stored and stored[e.event_id].must_publish
         ]
         started = time.perf_counter()
         results = await publish_claimed(
@@ -208,7 +211,10 @@ class Acceptor:
             row_id: err for (row_id, _), err in zip(to_publish, results, strict=True) if err
         }
         for event_id, items in groups.items():
-            row = by_id[event_id]
+            row = stored.get(event_id)
+            if row is None:
+                _fail(items, UnstorableWebhookError("the event cannot be stored as sent"))
+                continue
             if row.id in failures:
                 log.warning(
                     "ingest.publish_failed", event_id=event_id, error=repr(failures[row.id])
@@ -220,6 +226,24 @@ class Acceptor:
             for copy in copies:
                 _resolve(copy, Outcome.DUPLICATE)
         return [row_id for row_id, _ in to_publish if row_id not in failures]
+
+    async def _store(
+        self, entries: list[queries.InboxEntry], claim: uuid.UUID
+    ) -> dict[str, queries.StoredEntry]:
+        """Store the batch in one statement; by event id. If PostgreSQL refuses the data
+        itself, store one by one so a single unstorable event can't fail its neighbours;
+        the ones it refuses alone are left out of the answer."""
+        lease = self._config.claim_lease_s
+        try:
+            rows = await queries.store_batch(self._pool, PROVIDER, entries, claim, lease)
+        except asyncpg.DataError:
+            if len(entries) == 1:
+                log.warning("ingest.unstorable", event_id=entries[0].event_id, exc_info=True)
+                return {}
+            rows = []
+            for entry in entries:
+                rows.extend((await self._store([entry], claim)).values())
+        return {r.event_id: r for r in rows}
 
 
 def _resolve(item: _Item, outcome: Outcome) -> None:

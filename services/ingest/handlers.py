@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import structlog
 from aiohttp import web
 
-from services.ingest.accept import PROVIDER, Acceptor
+from services.ingest.accept import PROVIDER, Acceptor, UnstorableWebhookError
 from services.ingest.webhook import (
     ID_HEADER,
     MalformedWebhookError,
@@ -89,6 +89,10 @@ async def _answer(request: web.Request) -> _Answer:
     try:
         async with asyncio.timeout(ACCEPT_BUDGET_S):
             outcome = await request.app[ACCEPTOR].accept(webhook, storable_headers(request.headers))
+    except UnstorableWebhookError as e:
+        answer = _error(400, "malformed", str(e))
+        answer.event_type = webhook.event_type
+        return answer
     except (UnavailableError, TimeoutError):
         answer = _error(503, "unavailable", "temporarily unavailable, retry later")
         answer.headers["Retry-After"] = RETRY_AFTER_S

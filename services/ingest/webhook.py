@@ -97,9 +97,17 @@ def parse_body(delivery: Delivery, body: bytes) -> Webhook:
     return Webhook(
         event_id=delivery.event_id,
         event_type=event_type,
-        payment_id=str(payment_id) if isinstance(payment_id, str | int) else None,
+        payment_id=_payment_id(payment_id),
         body=body,
     )
+
+
+def _payment_id(value: Any) -> str | None:
+    if isinstance(value, bool):  # bool is an int subclass; true is no payment id
+        return None
+    if isinstance(value, str | int):
+        return str(value)
+    return None
 
 
 def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -1,0 +1,180 @@
+"""`payhooks migrate` against throwaway databases: idempotent and safe to run concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from shared.migrate import load_migrations, migrate
+from tests.conftest import TEST_DATABASE_URL
+
+REPO = Path(__file__).resolve().parents[2]
+PAYHOOKS = Path(sys.executable).parent / "payhooks"
+MIGRATIONS = [m.name for m in load_migrations()]
+
+Snapshot = dict[str, list[tuple[Any, ...]]]
+
+
+def _dsn_for(database: str) -> str:
+    parts = urlsplit(TEST_DATABASE_URL)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+async def _admin(sql: str) -> None:
+    conn = await asyncpg.connect(_dsn_for("postgres"))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+FreshDsn = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def fresh_dsn(migrated_database: str) -> AsyncIterator[FreshDsn]:
+    """Make DSNs of throwaway databases (created or not); every one is dropped at teardown.
+
+    `migrated_database` is only asked for its check that PostgreSQL is reachable.
+    """
+    names: list[str] = []
+
+    async def make(*, create: bool = True) -> str:
+        name = f"payhooks_migrate_{uuid.uuid4().hex}"
+        names.append(name)
+        if create:
+            await _admin(f'CREATE DATABASE "{name}"')
+        return _dsn_for(name)
+
+    yield make
+    for name in names:
+        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def snapshot(dsn: str) -> Snapshot:
+    """The public schema as comparable rows: columns, indexes, constraints, applied versions."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        columns = await conn.fetch(
+            """SELECT table_name, column_name, data_type, is_nullable, column_default
+               FROM information_schema.columns WHERE table_schema = 'public'
+               ORDER BY table_name, column_name"""
+        )
+        indexes = await conn.fetch(
+            """SELECT tablename, indexname, indexdef FROM pg_indexes
+               WHERE schemaname = 'public' ORDER BY tablename, indexname"""
+        )
+        constraints = await conn.fetch(
+            """SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+               FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+               ORDER BY 1, 2"""
+        )
+        versions = await conn.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+    finally:
+        await conn.close()
+    return {
+        "columns": [tuple(r) for r in columns],
+        "indexes": [tuple(r) for r in indexes],
+        "constraints": [tuple(r) for r in constraints],
+        "schema_migrations": [tuple(r) for r in versions],
+    }
+
+
+@pytest.fixture
+async def reference(fresh_dsn: FreshDsn) -> Snapshot:
+    """The schema one plain migrate produces on an empty database."""
+    dsn = await fresh_dsn()
+    await migrate(dsn)
+    return await snapshot(dsn)
+
+
+def test_there_is_at_least_one_migration_and_versions_are_unique() -> None:
+    versions = [m.version for m in load_migrations()]
+
+    assert MIGRATIONS
+    assert versions == sorted(set(versions))
+
+
+async def test_reference_schema_has_the_inbox_and_its_dedup_key(reference: Snapshot) -> None:
+    tables = {row[0] for row in reference["columns"]}
+
+    assert {"inbox", "schema_migrations"} <= tables
+    assert any(row[1] == "inbox_provider_event_id_key" for row in reference["constraints"])
+    assert reference["schema_migrations"] == [(m.version, m.name) for m in load_migrations()]
+
+
+async def test_second_migrate_applies_nothing_and_changes_nothing(
+    fresh_dsn: FreshDsn, reference: Snapshot
+) -> None:
+    dsn = await fresh_dsn()
+
+    first = await migrate(dsn)
+    after_first = await snapshot(dsn)
+    second = await migrate(dsn)
+
+    assert first == MIGRATIONS
+    assert second == []
+    assert await snapshot(dsn) == after_first == reference
+
+
+async def test_five_concurrent_migrates_apply_each_migration_once(
+    fresh_dsn: FreshDsn, reference: Snapshot
+) -> None:
+    dsn = await fresh_dsn()
+
+    results = await asyncio.gather(*(migrate(dsn) for _ in range(5)))
+
+    applied = sorted(name for result in results for name in result)
+    assert applied == sorted(MIGRATIONS)
+    assert await snapshot(dsn) == reference
+
+
+async def test_concurrent_migrates_create_a_missing_database_once(
+    fresh_dsn: FreshDsn, reference: Snapshot
+) -> None:
+    dsn = await fresh_dsn(create=False)
+
+    results = await asyncio.gather(*(migrate(dsn) for _ in range(5)))
+
+    assert sorted(name for result in results for name in result) == sorted(MIGRATIONS)
+    assert await snapshot(dsn) == reference
+
+
+async def run_migrate_command(dsn: str) -> tuple[int, str, str]:
+    env = {"PATH": os.environ.get("PATH", ""), "DATABASE_URL": dsn, "LOG_LEVEL": "WARNING"}
+    process = await asyncio.create_subprocess_exec(
+        str(PAYHOOKS),
+        "migrate",
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_three_concurrent_migrate_commands_succeed(
+    fresh_dsn: FreshDsn, reference: Snapshot
+) -> None:
+    dsn = await fresh_dsn()
+
+    results = await asyncio.gather(*(run_migrate_command(dsn) for _ in range(3)))
+
+    assert [code for code, _, _ in results] == [0, 0, 0], results
+    assert sorted(out for _, out, _ in results) == sorted(
+        [f"migrations applied: {', '.join(MIGRATIONS)}\n"]
+        + ["migrations applied: none (schema is current)\n"] * 2
+    )
+    assert await snapshot(dsn) == reference

@@ -1,0 +1,244 @@
+"""Settings.from_env: SPEC section 2 defaults, one error naming every bad variable, no secrets."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.config import ConfigError, Settings
+
+SECRET_LOOKING = "sk_live_9f8e7d6c5b4a3210DONOTLEAK"
+
+
+def config_error(env: dict[str, str], required: tuple[str, ...] = ()) -> str:
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env(env, required=required)
+    return str(raised.value)
+
+
+def test_defaults_match_spec_section_2() -> None:
+    settings = Settings.from_env({})
+
+    assert settings.database_url == "postgresql://postgres@127.0.0.1:5432/payhooks"
+    assert settings.amqp_url == "amqp://guest:guest@127.0.0.1:5672/"
+    assert settings.webhook_secrets == ()
+    assert settings.timestamp_tolerance_s == 300
+    assert settings.max_body_bytes == 262_144
+    assert settings.xhub_api_url is None
+    assert settings.xhub_api_key is None
+    assert settings.smtp_host == "127.0.0.1"
+    assert settings.smtp_port == 1025
+    assert settings.bonus_points == 500
+    assert settings.retry_delays_s == (1.0, 5.0, 30.0, 120.0, 600.0)
+    assert settings.reconcile_interval_s == 60.0
+    assert settings.reconcile_after_s == 900.0
+    assert settings.admin_token is None
+    assert settings.ingest_port == 8080
+    assert settings.api_port == 8081
+    assert settings.orders_port == 9101
+    assert settings.bonuses_port == 9102
+    assert settings.email_port == 9103
+    assert settings.reconciler_port == 9104
+    assert settings.ingest_tls_cert is None
+    assert settings.ingest_tls_key is None
+
+
+def test_every_variable_is_read_from_the_given_environment() -> None:
+    settings = Settings.from_env(
+        {
+            "DATABASE_URL": "postgresql://u@db:5433/x",
+            "AMQP_URL": "amqp://u:p@mq:5673/v",
+            "XHUB_WEBHOOK_SECRETS": "a,b",
+            "XHUB_TIMESTAMP_TOLERANCE": "60",
+            "INGEST_MAX_BODY": "1024",
+            "XHUB_API_URL": "https://api.example",
+            "XHUB_API_KEY": "key",
+            "SMTP_HOST": "mail",
+            "SMTP_PORT": "25",
+            "EMAIL_FROM": "shop@example.com",
+            "BONUS_POINTS": "7",
+            "RETRY_DELAYS": "2,4",
+            "RECONCILE_INTERVAL": "1.5",
+            "RECONCILE_AFTER": "30",
+            "ADMIN_TOKEN": "admin",
+            "INGEST_PORT": "1",
+            "API_PORT": "2",
+            "ORDERS_PORT": "3",
+            "BONUSES_PORT": "4",
+            "EMAIL_PORT": "5",
+            "RECONCILER_PORT": "65535",
+        }
+    )
+
+    assert settings.database_url == "postgresql://u@db:5433/x"
+    assert settings.amqp_url == "amqp://u:p@mq:5673/v"
+    assert settings.webhook_secrets == (b"a", b"b")
+    assert settings.timestamp_tolerance_s == 60
+    assert settings.max_body_bytes == 1024
+    assert settings.xhub_api_url == "https://api.example"
+    assert settings.xhub_api_key == "key"
+    assert (settings.smtp_host, settings.smtp_port) == ("mail", 25)
+    assert settings.email_from == "shop@example.com"
+    assert settings.bonus_points == 7
+    assert settings.retry_delays_s == (2.0, 4.0)
+    assert (settings.reconcile_interval_s, settings.reconcile_after_s) == (1.5, 30.0)
+    assert settings.admin_token == "admin"
+    ports = (
+        settings.ingest_port,
+        settings.api_port,
+        settings.orders_port,
+        settings.bonuses_port,
+        settings.email_port,
+        settings.reconciler_port,
+    )
+    assert ports == (1, 2, 3, 4, 5, 65535)
+
+
+def test_webhook_secrets_are_split_on_commas_and_trimmed() -> None:
+    settings = Settings.from_env({"XHUB_WEBHOOK_SECRETS": " new , old ,, "})
+
+    assert settings.webhook_secrets == (b"new", b"old")
+
+
+def test_empty_optional_variable_means_unset() -> None:
+    settings = Settings.from_env({"XHUB_API_KEY": "  ", "INGEST_MAX_BODY": ""})
+
+    assert settings.xhub_api_key is None
+    assert settings.max_body_bytes == 262_144
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("XHUB_TIMESTAMP_TOLERANCE", "five minutes"),
+        ("XHUB_TIMESTAMP_TOLERANCE", "0"),
+        ("INGEST_MAX_BODY", "-1"),
+        ("INGEST_MAX_BODY", "1.5"),
+        ("SMTP_PORT", "65536"),
+        ("INGEST_PORT", "http"),
+        ("BONUS_POINTS", "0"),
+        ("RECONCILE_INTERVAL", "nan"),
+        ("RECONCILE_AFTER", "-5"),
+        ("RETRY_DELAYS", "1,,5"),
+        ("XHUB_WEBHOOK_SECRETS", " , ,"),
+        ("LOG_LEVEL", "verbose"),
+    ],
+)
+def test_malformed_variable_is_named_in_the_error(name: str, value: str) -> None:
+    message = config_error({name: value})
+
+    assert name in message
+
+
+def test_every_bad_variable_is_named_in_one_error() -> None:
+    message = config_error(
+        {"INGEST_MAX_BODY": "big", "SMTP_PORT": "0", "RETRY_DELAYS": "1,soon"},
+        required=("ADMIN_TOKEN",),
+    )
+
+    for name in ("INGEST_MAX_BODY", "SMTP_PORT", "RETRY_DELAYS", "ADMIN_TOKEN"):
+        assert name in message
+    assert "\n" not in message
+
+
+def test_required_webhook_secrets_missing_is_named() -> None:
+    message = config_error({}, required=("XHUB_WEBHOOK_SECRETS",))
+
+    assert "XHUB_WEBHOOK_SECRETS" in message
+    assert "required" in message
+
+
+def test_required_variable_that_is_blank_counts_as_missing() -> None:
+    message = config_error({"XHUB_WEBHOOK_SECRETS": "   "}, required=("XHUB_WEBHOOK_SECRETS",))
+
+    assert "XHUB_WEBHOOK_SECRETS" in message
+
+
+def test_required_variable_that_is_set_passes() -> None:
+    settings = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "s"}, required=("XHUB_WEBHOOK_SECRETS",))
+
+    assert settings.webhook_secrets == (b"s",)
+
+
+def test_malformed_required_variable_is_named_once() -> None:
+    message = config_error({"XHUB_WEBHOOK_SECRETS": ","}, required=("XHUB_WEBHOOK_SECRETS",))
+
+    assert message.count("XHUB_WEBHOOK_SECRETS") == 1
+
+
+@pytest.mark.parametrize(
+    "name", ["INGEST_MAX_BODY", "XHUB_TIMESTAMP_TOLERANCE", "RETRY_DELAYS", "SMTP_PORT"]
+)
+def test_bad_value_is_not_echoed_in_the_error(name: str) -> None:
+    message = config_error({name: SECRET_LOOKING, "XHUB_WEBHOOK_SECRETS": "hunter2-secret"})
+
+    assert name in message
+    assert SECRET_LOOKING not in message
+    assert "hunter2-secret" not in message
+
+
+def test_secrets_and_credentials_are_not_in_repr_or_redacted() -> None:
+    settings = Settings.from_env(
+        {
+            "DATABASE_URL": "postgresql://payhooks:db-password-1@db/payhooks",
+            "AMQP_URL": "amqp://user:mq-password-2@mq/",
+            "XHUB_WEBHOOK_SECRETS": "whsec-current-3,whsec-previous-4",
+            "XHUB_API_KEY": "api-key-5",
+            "ADMIN_TOKEN": "admin-token-6",
+        }
+    )
+    shown = [repr(settings), str(settings), repr(settings.redacted())]
+
+    for text in shown:
+        for secret in (
+            "db-password-1",
+            "mq-password-2",
+            "whsec-current-3",
+            "whsec-previous-4",
+            "api-key-5",
+            "admin-token-6",
+        ):
+            assert secret not in text
+    assert "max_body_bytes" in settings.redacted()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1,5,30,120,600", (1.0, 5.0, 30.0, 120.0, 600.0)),
+        ("0.2, 0.4", (0.2, 0.4)),
+        ("10", (10.0,)),
+        (" 3 ,7 ", (3.0, 7.0)),
+    ],
+)
+def test_retry_delays_parse_as_seconds(raw: str, expected: tuple[float, ...]) -> None:
+    assert Settings.from_env({"RETRY_DELAYS": raw}).retry_delays_s == expected
+
+
+@pytest.mark.parametrize("raw", ["1,0", "-1", "1,,5", "1;5", "a,b", "5,", "nan"])
+def test_malformed_retry_delays_are_rejected(raw: str) -> None:
+    message = config_error({"RETRY_DELAYS": raw})
+
+    assert "RETRY_DELAYS" in message
+
+
+@pytest.mark.parametrize(
+    "env", [{"INGEST_TLS_CERT": "/tls/cert.pem"}, {"INGEST_TLS_KEY": "/tls/key.pem"}]
+)
+def test_tls_cert_and_key_must_be_set_together(env: dict[str, str]) -> None:
+    message = config_error(env)
+
+    assert "INGEST_TLS_CERT" in message
+    assert "INGEST_TLS_KEY" in message
+
+
+def test_tls_cert_and_key_set_together_are_kept() -> None:
+    settings = Settings.from_env({"INGEST_TLS_CERT": "/c.pem", "INGEST_TLS_KEY": "/k.pem"})
+
+    assert (settings.ingest_tls_cert, settings.ingest_tls_key) == ("/c.pem", "/k.pem")
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings.from_env({})
+
+    with pytest.raises(AttributeError):
+        settings.max_body_bytes = 1  # type: ignore[misc]  # the point of the test
