@@ -109,7 +109,12 @@ class _Reader:
         self.errors: dict[str, str] = {}
 
     def text(self, name: str, default: str) -> str:
-        return self.env.get(name, default)
+        value = self.env.get(name)
+        if value is None:
+            return default
+        if not value.strip() and default:
+            self.errors[name] = "must not be empty"
+        return value.strip()
 
     def optional(self, name: str) -> str | None:
         value = self.env.get(name, "").strip()
@@ -149,16 +154,20 @@ def _positive_float(raw: str) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError("must be a number of seconds") from None
-    if not value > 0:
-        raise ValueError("must be greater than 0")
+    if not 0 < value < float("inf"):
+        raise ValueError("must be a finite number greater than 0")
     return value
 
 
 def _delays(raw: str) -> tuple[float, ...]:
+    shape = "must be comma-separated seconds between 0.001 and 86400, e.g. 1,5,30"
     try:
         delays = tuple(_positive_float(part) for part in raw.split(","))
     except ValueError:
-        raise ValueError("must be comma-separated positive seconds, e.g. 1,5,30") from None
+        raise ValueError(shape) from None
+    # Each delay names a retry queue in whole milliseconds, bounded so the TTL fits RabbitMQ.
+    if not all(0.001 <= d <= 86_400 for d in delays):
+        raise ValueError(shape)
     return delays
 
 

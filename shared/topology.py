@@ -93,7 +93,8 @@ def build_topology(prefix: str, retry_delays_s: tuple[float, ...]) -> Topology:
                 BINDINGS[base],
             )
         )
-        for retry, delay in zip(retries, retry_delays_s, strict=True):
+        # A delay may repeat (1,1,1 = three retries after 1 s): one queue serves those steps.
+        for retry, delay in dict(zip(retries, retry_delays_s, strict=True)).items():
             queues.append(
                 QueueSpec(
                     retry,
