@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 import structlog
@@ -52,6 +53,32 @@ def to_message(outgoing: Outgoing) -> aio_pika.Message:
         delivery_mode=DeliveryMode.PERSISTENT,
         headers=dict(outgoing.headers),
     )
+
+
+class PublishTimeoutError(UnavailableError):
+    """No confirm within the deadline: the message may or may not reach the queue."""
+
+
+def publish_error(future: asyncio.Future[None]) -> BaseException | None:
+    """None if confirmed; the error if it failed; PublishTimeoutError if still pending."""
+    if not future.done():
+        return PublishTimeoutError("no confirm from RabbitMQ in time")
+    if future.cancelled():
+        return UnavailableError("publish cancelled")
+    return future.exception()
+
+
+def _failed(error: BaseException) -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    future.add_done_callback(_retrieve)
+    return future
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    # Whoever gave up waiting must not leave "exception was never retrieved" behind.
+    if not future.cancelled():
+        future.exception()
 
 
 class Broker:
@@ -102,6 +129,14 @@ class Broker:
             channel.default_exchange.publish(message, queue, mandatory=True), timeout_s
         )
 
+    async def ping(self) -> bool:
+        """A real round trip (passive declare of the events exchange): a stalled broker or
+        network shows up here, not just a closed socket."""
+        if not self.is_ready:
+            return False
+        await self.channel.get_exchange(self.topology.exchange, ensure=True)
+        return True
+
     @property
     def is_ready(self) -> bool:
         return (
@@ -111,31 +146,33 @@ class Broker:
             and not self._channel.is_closed
         )
 
+    def start_publishes(self, messages: Sequence[Outgoing]) -> list[asyncio.Future[None]]:
+        """Send every message now; one future per message that resolves at its confirm.
+
+        A future that fails means "not published". One still pending after a deadline means
+        "unknown": the frames may be in the broker already and a late confirm can still come,
+        so callers must not cancel it (and must not treat it as failed for sure).
+        """
+        if self._exchange is None or not self.is_ready:
+            return [_failed(UnavailableError("RabbitMQ is not connected")) for _ in messages]
+        exchange = self._exchange
+        futures = [
+            asyncio.ensure_future(exchange.publish(to_message(m), m.routing_key, mandatory=True))
+            for m in messages
+        ]
+        for future in futures:
+            future.add_done_callback(_retrieve)
+        return futures  # type: ignore[return-value]  # publish resolves to the confirm frame
+
     async def publish_many(
         self, messages: Sequence[Outgoing], timeout_s: float
     ) -> list[BaseException | None]:
-        """Publish all at once and wait for their confirms; one result per message.
-
-        None means confirmed by the broker (persisted and routed); an exception means the
-        message may or may not have arrived and must be treated as not published.
-        """
-        if not messages:
-            return []
-        if self._exchange is None or not self.is_ready:
-            err = UnavailableError("RabbitMQ is not connected")
-            return [err] * len(messages)
-        exchange = self._exchange
-
-        async def one(outgoing: Outgoing) -> None:
-            await exchange.publish(to_message(outgoing), outgoing.routing_key, mandatory=True)
-
-        async def bounded(outgoing: Outgoing) -> None:
-            # The deadline covers the whole batch: a stalled broker can't hold a request
-            # past its budget.
-            await asyncio.wait_for(one(outgoing), timeout_s)
-
-        results = await asyncio.gather(*(bounded(m) for m in messages), return_exceptions=True)
-        return [r if isinstance(r, BaseException) else None for r in results]
+        """Publish and wait up to `timeout_s`; None per confirmed message, else its error
+        (PublishTimeoutError when the outcome is unknown)."""
+        futures = self.start_publishes(messages)
+        if futures:
+            await asyncio.wait(futures, timeout=timeout_s)
+        return [publish_error(f) for f in futures]
 
     async def _connect_forever(self) -> None:
         attempt = 0
@@ -168,7 +205,7 @@ def broker_ctx(url: str, topology: Topology) -> Callable[[web.Application], Asyn
         app[BROKER] = broker
 
         async def rabbitmq() -> bool:
-            return broker.is_ready
+            return await broker.ping()
 
         app[READINESS_CHECKS].append(rabbitmq)
         try:

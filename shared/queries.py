@@ -33,6 +33,7 @@ class StoredEntry:
     id: int
     event_id: str
     inserted: bool
+    published: bool
     # True when this call holds the row's publish claim: the row is not yet confirmed by the
     # broker and nobody else is publishing it right now.
     must_publish: bool
@@ -40,7 +41,8 @@ class StoredEntry:
 
 # One statement stores a whole batch: new ids are inserted with a publish claim; ids already
 # stored count a duplicate and take the claim only if the row is unpublished and unclaimed
-# (its first publish failed or its claim expired). `xmax = 0` tells an insert from an update.
+# (its first publish failed, its claim expired, or its claim is one the caller knows was
+# abandoned, $9). `xmax = 0` tells an insert from an update.
 _STORE_BATCH = """
 INSERT INTO inbox AS i
     (provider, event_id, event_type, payment_id, body, headers, claim_token, claimed_until)
@@ -52,12 +54,14 @@ ON CONFLICT (provider, event_id) DO UPDATE SET
     duplicates = i.duplicates + 1,
     last_seen_at = now(),
     claim_token = CASE WHEN i.published_at IS NULL
-                        AND (i.claimed_until IS NULL OR i.claimed_until < now())
+                        AND (i.claimed_until IS NULL OR i.claimed_until < now()
+                             OR i.claim_token = ANY($9::uuid[]))
                        THEN EXCLUDED.claim_token ELSE i.claim_token END,
     claimed_until = CASE WHEN i.published_at IS NULL
-                          AND (i.claimed_until IS NULL OR i.claimed_until < now())
+                          AND (i.claimed_until IS NULL OR i.claimed_until < now()
+                               OR i.claim_token = ANY($9::uuid[]))
                          THEN EXCLUDED.claimed_until ELSE i.claimed_until END
-RETURNING i.id, i.event_id, (i.xmax = 0) AS inserted,
+RETURNING i.id, i.event_id, (i.xmax = 0) AS inserted, (i.published_at IS NOT NULL) AS published,
           (i.published_at IS NULL AND i.claim_token = $7) AS must_publish
 """
 
@@ -75,7 +79,12 @@ def _storable_headers(headers: dict[str, str]) -> str:
 
 
 async def store_batch(
-    db: Executor, provider: str, entries: Sequence[InboxEntry], claim: uuid.UUID, lease_s: float
+    db: Executor,
+    provider: str,
+    entries: Sequence[InboxEntry],
+    claim: uuid.UUID,
+    lease_s: float,
+    abandoned: Sequence[uuid.UUID] = (),
 ) -> list[StoredEntry]:
     """Store entries (distinct event ids) in one statement; one StoredEntry per entry."""
     rows = await db.fetch(
@@ -88,8 +97,12 @@ async def store_batch(
         [_storable_headers(e.headers) for e in entries],
         claim,
         lease_s,
+        list(abandoned),
     )
-    return [StoredEntry(r["id"], r["event_id"], r["inserted"], r["must_publish"]) for r in rows]
+    return [
+        StoredEntry(r["id"], r["event_id"], r["inserted"], r["published"], r["must_publish"])
+        for r in rows
+    ]
 
 
 async def mark_published(db: Executor, ids: Sequence[int]) -> None:

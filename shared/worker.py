@@ -45,6 +45,10 @@ REASON = "reason"
 ORIGINAL_QUEUE = "original_queue"
 
 _PUBLISH_TIMEOUT_S = 5.0
+
+# Database connections per worker process. Prefetched messages beyond this wait for a
+# connection; PostgreSQL's default of 100 connections must fit every replica of every service.
+POOL_SIZE = 10
 _MAX_ERROR_CHARS = 500
 
 

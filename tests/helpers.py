@@ -49,7 +49,11 @@ def signed_headers(
 
 
 def delivery(
-    payload: dict[str, Any], secret: str, *, event_id: str | None = None, timestamp: int | None = None
+    payload: dict[str, Any],
+    secret: str,
+    *,
+    event_id: str | None = None,
+    timestamp: int | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     body = orjson.dumps(payload)
     return body, signed_headers(body, secret, event_id=event_id, timestamp=timestamp)

@@ -13,7 +13,7 @@ from shared.db import DB_POOL, pool_ctx
 from shared.metrics import EmailMetrics, WorkerMetrics
 from shared.topology import build_topology
 from shared.web import base_app
-from shared.worker import worker_ctx
+from shared.worker import POOL_SIZE, worker_ctx
 
 REQUIRED_ENV: tuple[str, ...] = ()
 
@@ -24,7 +24,7 @@ def create_app(settings: Settings, *, prefetch: int = 16) -> web.Application:
     app = base_app(metrics.registry)
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     sender = SmtpSender(settings.smtp_host, settings.smtp_port)
-    app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=prefetch + 2))
+    app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=POOL_SIZE))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
     app.cleanup_ctx.append(
         worker_ctx(

@@ -22,12 +22,12 @@ from typing import Any
 import asyncpg
 import structlog
 
+from services.ingest.publishing import ClaimedPublisher, ClaimedRow, outgoing, wait_published
 from services.ingest.webhook import Webhook
 from shared import queries
-from shared.broker import Broker, Outgoing
+from shared.broker import Broker
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
-from shared.topology import message_id, routing_key
 
 log = structlog.get_logger(__name__)
 
@@ -49,8 +49,9 @@ class AcceptorConfig:
     max_in_flight: int = 4
     db_timeout_s: float = 4.0
     publish_timeout_s: float = 4.0
-    # How long a request's claim on an unconfirmed row lasts before the sweeper may take it.
-    claim_lease_s: float = 15.0
+    # How long a claim on an unconfirmed row lasts before a retry or the sweeper may take it
+    # over: longer than a batch's own deadlines, short against the provider's ladder.
+    claim_lease_s: float = 10.0
 
 
 def _new_future() -> asyncio.Future[Outcome]:
@@ -67,32 +68,22 @@ class _Item:
     future: asyncio.Future[Outcome] = field(default_factory=_new_future)
 
 
-def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
-    # AMQP short strings hold 255 bytes: the full event type and id stay in the body/inbox.
-    key = routing_key(event_type)
-    return Outgoing(
-        routing_key=key,
-        body=body,
-        message_id=message_id(event_id),
-        type=key,
-        headers={"provider": provider},
-    )
+class AbandonedClaims:
+    """Claims of this process's batches that gave up without knowing whether their rows were
+    written; remembered for one lease, after which any claim lapses anyway."""
 
+    def __init__(self, lease_s: float) -> None:
+        self._lease_s = lease_s
+        self._until: dict[uuid.UUID, float] = {}
 
-async def publish_claimed(
-    pool: asyncpg.Pool[Any],
-    broker: Broker,
-    claim: uuid.UUID,
-    rows: Sequence[tuple[int, Outgoing]],
-    timeout_s: float,
-) -> list[BaseException | None]:
-    """Publish claimed rows; release the claims of those that failed. One result per row."""
-    results = await broker.publish_many([o for _, o in rows], timeout_s)
-    failed = [row_id for (row_id, _), err in zip(rows, results, strict=True) if err is not None]
-    if failed:
-        with contextlib.suppress(Exception):
-            await queries.release_claims(pool, failed, claim)
-    return results
+    def add(self, claim: uuid.UUID) -> None:
+        self._until[claim] = time.monotonic() + self._lease_s
+
+    def active(self) -> list[uuid.UUID]:
+        now = time.monotonic()
+        for claim in [c for c, until in self._until.items() if until < now]:
+            del self._until[claim]
+        return list(self._until)
 
 
 class Acceptor:
@@ -112,6 +103,8 @@ class Acceptor:
         self._slots = asyncio.Semaphore(self._config.max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self.publisher = ClaimedPublisher(pool, broker, self._config.publish_timeout_s)
+        self._abandoned = AbandonedClaims(self._config.claim_lease_s)
 
     async def accept(self, webhook: Webhook, headers: dict[str, str]) -> Outcome:
         """Store and publish; raise UnavailableError when either could not be done."""
@@ -136,6 +129,7 @@ class Acceptor:
             if not item.future.done():
                 item.future.set_exception(UnavailableError("ingest is shutting down"))
         self._pending.clear()
+        await self.publisher.close()
 
     async def _dispatch(self) -> None:
         while True:
@@ -153,23 +147,15 @@ class Acceptor:
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[_Item]) -> None:
-        published: list[int] = []
         try:
-            published = await self._store_and_publish(batch)
+            await self._store_and_publish(batch)
         except Exception as e:  # never leave a request without an answer
             log.exception("ingest.batch_failed")
             _fail(batch, UnavailableError(f"accept failed: {e!r}"))
         finally:
             self._slots.release()
-        if published:
-            # After the answers: a lost mark only means the sweeper publishes a second copy,
-            # which consumers dedup by message id.
-            try:
-                await queries.mark_published(self._pool, published)
-            except Exception as e:
-                log.warning("ingest.mark_published_failed", error=repr(e), rows=len(published))
 
-    async def _store_and_publish(self, batch: list[_Item]) -> list[int]:
+    async def _store_and_publish(self, batch: list[_Item]) -> None:
         self._metrics.accept_batch_size.observe(len(batch))
         # Copies of one event inside a batch ride on the first copy (ON CONFLICT cannot
         # touch one row twice in a statement).
@@ -193,39 +179,68 @@ class Acceptor:
             async with asyncio.timeout(self._config.db_timeout_s):
                 stored = await self._store(entries, claim)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            # The INSERT may still commit (a stalled connection): its rows would sit claimed by
+            # a batch that is gone. Copies arriving later may take such a claim over at once.
+            self._abandoned.add(claim)
             log.warning("ingest.db_unavailable", error=repr(e), batch=len(batch))
             _fail(batch, UnavailableError("PostgreSQL unavailable"))
-            return []
+            return
         to_publish = [
-            (stored[e.event_id].id, outgoing(PROVIDER, e.event_id, e.event_type, e.body))
+            ClaimedRow(
+                stored[e.event_id].id,
+                e.event_id,
+                outgoing(PROVIDER, e.event_id, e.event_type, e.body),
+            )
             for e in entries
             if e.event_id in stored and stored[e.event_id].must_publish
         ]
         started = time.perf_counter()
-        results = await publish_claimed(
-            self._pool, self._broker, claim, to_publish, self._config.publish_timeout_s
-        )
+        results = await self.publisher.publish(claim, to_publish)
         if to_publish:
             self._metrics.publish_confirm_duration.observe(time.perf_counter() - started)
-        failures = {
-            row_id: err for (row_id, _), err in zip(to_publish, results, strict=True) if err
-        }
+        errors = {row.event_id: err for row, err in zip(to_publish, results, strict=True)}
         for event_id, items in groups.items():
             row = stored.get(event_id)
             if row is None:
                 _fail(items, UnstorableWebhookError("the event cannot be stored as sent"))
-                continue
-            if row.id in failures:
-                log.warning(
-                    "ingest.publish_failed", event_id=event_id, error=repr(failures[row.id])
-                )
-                _fail(items, UnavailableError("RabbitMQ did not confirm"))
-                continue
-            first, *copies = items
-            _resolve(first, Outcome.ACCEPTED if row.inserted else Outcome.DUPLICATE)
-            for copy in copies:
-                _resolve(copy, Outcome.DUPLICATE)
-        return [row_id for row_id, _ in to_publish if row_id not in failures]
+            elif event_id in errors:  # this batch published it
+                if (error := errors[event_id]) is not None:
+                    log.warning("ingest.publish_failed", event_id=event_id, error=repr(error))
+                    _fail(items, UnavailableError("RabbitMQ did not confirm"))
+                else:
+                    first, *copies = items
+                    _resolve(first, Outcome.ACCEPTED if row.inserted else Outcome.DUPLICATE)
+                    for copy in copies:
+                        _resolve(copy, Outcome.DUPLICATE)
+            elif row.published:
+                for item in items:
+                    _resolve(item, Outcome.DUPLICATE)
+            else:
+                self._await_other_publish(event_id, items)
+
+    def _await_other_publish(self, event_id: str, items: list[_Item]) -> None:
+        """A copy of an event whose first copy is stored but not yet confirmed.
+
+        If this process is publishing it, the copies wait for that confirm (the request
+        budget bounds the wait). Otherwise another replica, or a batch that gave up, holds
+        the claim: 503, and the provider's retry (or the sweeper, once the claim lapses)
+        publishes it. Never 200 before a confirm.
+        """
+        pending = self.publisher.in_flight.get(event_id)
+        if pending is None:
+            _fail(items, UnavailableError("the first copy of this event is not confirmed yet"))
+            return
+
+        async def wait() -> None:
+            if await wait_published(pending):
+                for item in items:
+                    _resolve(item, Outcome.DUPLICATE)
+            else:
+                _fail(items, UnavailableError("the first copy of this event was not confirmed"))
+
+        task = asyncio.create_task(wait())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _store(
         self, entries: list[queries.InboxEntry], claim: uuid.UUID
@@ -235,7 +250,9 @@ class Acceptor:
         the ones it refuses alone are left out of the answer."""
         lease = self._config.claim_lease_s
         try:
-            rows = await queries.store_batch(self._pool, PROVIDER, entries, claim, lease)
+            rows = await queries.store_batch(
+                self._pool, PROVIDER, entries, claim, lease, self._abandoned.active()
+            )
         except asyncpg.DataError:
             if len(entries) == 1:
                 log.warning("ingest.unstorable", event_id=entries[0].event_id, exc_info=True)

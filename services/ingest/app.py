@@ -43,7 +43,12 @@ def create_app(
         acceptor.start()
         app[ACCEPTOR] = acceptor
         sweeper = Sweeper(
-            app[DB_POOL], app[BROKER], app[METRICS], interval_s=sweep_interval_s, config=config
+            app[DB_POOL],
+            app[BROKER],
+            app[METRICS],
+            interval_s=sweep_interval_s,
+            publisher=acceptor.publisher,
+            config=config,
         )
         sweeping = asyncio.create_task(sweeper.run_forever(), name="sweeper")
         try:

@@ -14,7 +14,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from services.ingest.accept import AcceptorConfig, outgoing, publish_claimed
+from services.ingest.accept import AcceptorConfig
+from services.ingest.publishing import ClaimedPublisher, ClaimedRow, outgoing
 from shared import queries
 from shared.broker import Broker
 from shared.metrics import IngestMetrics
@@ -31,8 +32,10 @@ class Sweeper:
         *,
         interval_s: float = 5.0,
         batch: int = 500,
+        publisher: ClaimedPublisher,
         config: AcceptorConfig | None = None,
     ) -> None:
+        self._publisher = publisher
         self._pool = pool
         self._broker = broker
         self._metrics = metrics
@@ -44,13 +47,13 @@ class Sweeper:
         while True:
             try:
                 while await self.sweep_once() == self._batch:
-                    pass  # a full batch: there may be more waiting
+                    pass  # a full batch all published: there may be more waiting
             except Exception as e:  # the sweeper must outlive any outage
                 log.warning("sweeper.failed", error=repr(e))
             await asyncio.sleep(self._interval_s)
 
     async def sweep_once(self) -> int:
-        """Claim and publish one batch of stranded rows; return how many were claimed."""
+        """Claim and publish one batch of stranded rows; return how many were published."""
         if not self._broker.is_ready:
             return 0  # claiming now would only hold the rows hostage for a lease
         claim = uuid.uuid4()
@@ -59,13 +62,12 @@ class Sweeper:
         )
         if not rows:
             return 0
-        pending = [(r.id, outgoing(r.provider, r.event_id, r.event_type, r.body)) for r in rows]
-        results = await publish_claimed(
-            self._pool, self._broker, claim, pending, self._config.publish_timeout_s
-        )
-        done = [row_id for (row_id, _), err in zip(pending, results, strict=True) if err is None]
-        if done:
-            await queries.mark_published(self._pool, done)
-            self._metrics.sweeper_published.inc(len(done))
-        log.info("sweeper.published", published=len(done), failed=len(rows) - len(done))
-        return len(rows)
+        claimed = [
+            ClaimedRow(r.id, r.event_id, outgoing(r.provider, r.event_id, r.event_type, r.body))
+            for r in rows
+        ]
+        results = await self._publisher.publish(claim, claimed)
+        done = sum(1 for err in results if err is None)
+        self._metrics.sweeper_published.inc(done)
+        log.info("sweeper.published", published=done, failed=len(rows) - done)
+        return done

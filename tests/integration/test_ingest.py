@@ -75,7 +75,9 @@ async def test_fifty_concurrent_copies_make_one_row_and_one_message(
 ) -> None:
     body, headers = delivery(payment_event(), SECRET, event_id="evt_storm")
 
-    responses = await asyncio.gather(*(client.post(URL, data=body, headers=headers) for _ in range(50)))
+    responses = await asyncio.gather(
+        *(client.post(URL, data=body, headers=headers) for _ in range(50))
+    )
 
     assert [r.status for r in responses] == [200] * 50
     outcomes = sorted([(await r.json())["status"] for r in responses])
