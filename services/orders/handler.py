@@ -12,6 +12,7 @@ from services.orders.domain import (
     InvalidEventError,
     OrderState,
     OrderStatus,
+    Reason,
     decide,
     parse_event,
 )
@@ -24,6 +25,10 @@ from shared.worker import Delivery, Handler
 log = structlog.get_logger(__name__)
 
 WORKER = "orders"
+
+NEEDS_ATTENTION = frozenset(
+    {Reason.REVERSAL_BEFORE_REFUND, Reason.AMOUNT_MISMATCH_IGNORED, Reason.REFUND_NOT_COUNTED}
+)
 
 
 def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
@@ -80,7 +85,9 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
                 await queries.add_to_outbox(
                     conn, transition.message_id, transition.event, transition.encode()
                 )
-        log.info(
+        # Decisions the model could not make safely are kept in the safer state and flagged for
+        # an operator; the reconciler (which asks the provider) repairs real drift.
+        (log.warning if decision.reason in NEEDS_ATTENTION else log.info)(
             "order.decided",
             payment_id=event.payment_id,
             event_type=event.event_type,
