@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
 from services.email.handler import WORKER, make_handler
@@ -17,20 +19,28 @@ from shared.worker import POOL_SIZE, worker_ctx
 
 REQUIRED_ENV: tuple[str, ...] = ()
 
+SENDER = web.AppKey("smtp_sender", SmtpSender)
+
 
 def create_app(settings: Settings, *, prefetch: int = 16) -> web.Application:
     metrics = WorkerMetrics.create(WORKER)
     email_metrics = EmailMetrics.create(metrics.registry)
     app = base_app(metrics.registry)
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
-    sender = SmtpSender(settings.smtp_host, settings.smtp_port)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=POOL_SIZE))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+
+    async def sender_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[SENDER] = SmtpSender(settings.smtp_host, settings.smtp_port)
+        yield
+        await app[SENDER].close()
+
+    app.cleanup_ctx.append(sender_ctx)
     app.cleanup_ctx.append(
         worker_ctx(
             WORKER,
             topology.work_queue("emails"),
-            lambda app: make_handler(app[DB_POOL], sender, settings.email_from, email_metrics),
+            lambda app: make_handler(app[DB_POOL], app[SENDER], settings.email_from, email_metrics),
             metrics,
             prefetch=prefetch,
         )
