@@ -1,43 +1,87 @@
-"""The `payhooks` console script: run a service, migrate the schema."""
+"""The `payhooks` console script: run a service, migrate, and the operator commands.
+
+Exit codes: 0 ok, 1 nothing matched, 2 usage or configuration, 3 PostgreSQL or RabbitMQ
+unreachable, 4 conflicting order.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
-import asyncpg
-import orjson
-
-from shared import queries
+from shared import operator
 from shared.config import ConfigError, Settings
+from shared.dlq import QUEUES
 from shared.logs import configure_logging
 from shared.migrate import migrate
-from shared.orders import OrderValidationError, order_json, parse_new_order
 
 SERVICES = ("ingest", "orders", "bonuses", "email", "api")
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_CONFLICT = 4
+Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="payhooks", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="payhooks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one service in the foreground")
     run.add_argument("service", choices=SERVICES)
     commands.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
+
     order = commands.add_parser("order", help="shop orders").add_subparsers(
-        dest="order_command", required=True
+        dest="subcommand", required=True
     )
     add = order.add_parser("add", help="register an order before its payment (idempotent)")
     for field in ("order-id", "payment-id", "user-id", "email", "amount", "currency"):
         add.add_argument(f"--{field}", required=True)
-    add.add_argument("--json", action="store_true", help="print the order as JSON")
+    add.add_argument("--json", action="store_true")
+    add.set_defaults(handler=operator.order_add)
+
+    payment = commands.add_parser("payment", help="payments").add_subparsers(
+        dest="subcommand", required=True
+    )
+    show = payment.add_parser("show", help="everything known about a payment")
+    show.add_argument("payment_id")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=operator.payment_show)
+
+    dlq = commands.add_parser("dlq", help="dead-letter queues").add_subparsers(
+        dest="subcommand", required=True
+    )
+    dlq_list = dlq.add_parser("list", help="messages and oldest age per DLQ")
+    dlq_list.add_argument("--json", action="store_true")
+    dlq_list.set_defaults(handler=operator.dlq_list)
+    dlq_show = dlq.add_parser("show", help="the messages of one DLQ (nothing is moved)")
+    dlq_show.add_argument("queue", choices=QUEUES)
+    dlq_show.add_argument("--limit", type=int, default=None)
+    dlq_show.add_argument("--json", action="store_true")
+    dlq_show.set_defaults(handler=operator.dlq_show)
+    requeue = dlq.add_parser(
+        "requeue", help="move messages back to their queue (confirmed before removed)"
+    )
+    requeue.add_argument("queue", choices=QUEUES)
+    requeue.add_argument("--id", action="append", help="message or event id (repeatable)")
+    requeue.add_argument("--all", action="store_true", help="every message")
+    requeue.add_argument("--reason", help="e.g. unknown_payment, retries_exhausted")
+    requeue.add_argument("--event-type", help="e.g. payment.status_changed, order.paid")
+    requeue.add_argument("--payment-id")
+    requeue.add_argument("--since", help="last failure at or after (ISO 8601)")
+    requeue.add_argument("--until", help="last failure at or before (ISO 8601)")
+    requeue.add_argument("--limit", type=int, default=None)
+    requeue.add_argument("--dry-run", action="store_true", help="show what would move")
+    requeue.add_argument("--json", action="store_true")
+    requeue.set_defaults(handler=operator.dlq_requeue)
+    purge = dlq.add_parser("purge", help="delete every message of one DLQ")
+    purge.add_argument("queue", choices=QUEUES)
+    purge.add_argument("--yes", action="store_true", help="really delete them")
+    purge.add_argument("--json", action="store_true")
+    purge.set_defaults(handler=operator.dlq_purge)
     return parser
 
 
@@ -46,7 +90,7 @@ def _settings(required: Sequence[str] = ()) -> Settings:
         return Settings.from_env(required=required)
     except ConfigError as e:
         print(f"payhooks: {e}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+        raise SystemExit(operator.EXIT_USAGE) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -57,59 +101,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = _settings(module.REQUIRED_ENV)
         configure_logging(settings.log_level)
         module.main(settings)
-    elif args.command == "migrate":
+        sys.exit(operator.EXIT_OK)
+    if args.command == "migrate":
         settings = _settings()
         configure_logging(settings.log_level)
         try:
             applied = asyncio.run(migrate(settings.database_url))
         except OSError as e:
             print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
-            raise SystemExit(EXIT_UNREACHABLE) from None
+            sys.exit(operator.EXIT_UNREACHABLE)
         print(f"migrations applied: {', '.join(applied) or 'none (schema is current)'}")
-    elif args.command == "order":
-        settings = _settings()
-        configure_logging("WARNING")
-        sys.exit(asyncio.run(_order_add(settings, args)))
-    sys.exit(EXIT_OK)
-
-
-async def _order_add(settings: Settings, args: argparse.Namespace) -> int:
-    data = {
-        "order_id": args.order_id,
-        "payment_id": args.payment_id,
-        "user_id": args.user_id,
-        "email": args.email,
-        "amount": args.amount,
-        "currency": args.currency,
-    }
+        sys.exit(operator.EXIT_OK)
+    settings = _settings()
+    configure_logging("WARNING")
+    # Connection failures are reported as one clear line (exit 3), not as library logs.
+    for library in ("aio_pika", "aiormq"):
+        logging.getLogger(library).setLevel(logging.CRITICAL)
+    handler: Command = args.handler
     try:
-        order = parse_new_order(data)
-    except OrderValidationError as e:
-        for name, problem in e.fields.items():
-            print(f"payhooks: --{name.replace('_', '-')}: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        conn = await asyncpg.connect(settings.database_url, timeout=5)
-    except (OSError, asyncpg.PostgresError) as e:
-        print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    try:
-        row, created = await queries.register_order(conn, order)
-    except queries.OrderConflictError as e:
+        sys.exit(asyncio.run(handler(settings, args)))
+    except operator.UnreachableError as e:
         print(f"payhooks: {e}", file=sys.stderr)
-        return EXIT_CONFLICT
-    except asyncpg.UndefinedTableError:
-        print("payhooks: the schema is missing: run `payhooks migrate` first", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    finally:
-        await conn.close()
-    shown = order_json(row)
-    if args.json:
-        print(orjson.dumps(shown).decode())
-    else:
-        verb = "registered" if created else "already registered"
-        print(
-            f"order {shown['order_id']} {verb}: payment {shown['payment_id']},"
-            f" {shown['amount']} {shown['currency']}, status {shown['status']}"
-        )
-    return EXIT_OK
+        sys.exit(operator.EXIT_UNREACHABLE)
+    except KeyboardInterrupt:
+        # Messages held unacknowledged go back to their DLQ when the connection closes.
+        print("payhooks: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Latency buckets in seconds: the accept path lives in milliseconds, the hard budget is 10 s.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -152,3 +152,40 @@ class EmailMetrics:
 
 def new_registry() -> CollectorRegistry:
     return CollectorRegistry()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """Backlogs an operator watches, refreshed by the api's monitor loop."""
+
+    queue_messages: Gauge
+    oldest_age: Gauge
+    outbox_backlog: Gauge
+    inbox_unpublished: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> QueueMetrics:
+        return cls(
+            queue_messages=Gauge(
+                "payhooks_queue_messages",
+                "Messages in a RabbitMQ queue (work queues, unrouted and DLQs).",
+                ["queue"],
+                registry=registry,
+            ),
+            oldest_age=Gauge(
+                "payhooks_queue_oldest_message_age_seconds",
+                "Age of the oldest message in a DLQ (0 when empty).",
+                ["queue"],
+                registry=registry,
+            ),
+            outbox_backlog=Gauge(
+                "payhooks_outbox_backlog",
+                "Order transitions committed but not yet published by the outbox relay.",
+                registry=registry,
+            ),
+            inbox_unpublished=Gauge(
+                "payhooks_inbox_unpublished",
+                "Stored webhooks not yet confirmed by RabbitMQ (the sweeper's backlog).",
+                registry=registry,
+            ),
+        )

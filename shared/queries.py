@@ -363,3 +363,58 @@ async def record_email(
 
 async def order_by_id(conn: Executor, order_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order_id)
+
+
+# --- support views -------------------------------------------------------------------------
+
+
+async def webhooks_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT i.event_id, i.event_type, i.body, i.received_at, i.duplicates, i.published_at,"
+        " p.outcome AS processed_outcome"
+        " FROM inbox i LEFT JOIN processed_events p"
+        "   ON p.worker = 'orders' AND p.event_id = i.event_id"
+        " WHERE i.payment_id = $1 ORDER BY i.received_at, i.id",
+        payment_id,
+    )
+
+
+async def transitions_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT from_status, to_status, event_id, at FROM order_transitions"
+        " WHERE payment_id = $1 ORDER BY id",
+        payment_id,
+    )
+
+
+async def ledger_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT payment_id, user_id, kind, points, event_id, created_at FROM bonus_ledger"
+        " WHERE payment_id = $1 ORDER BY id",
+        payment_id,
+    )
+
+
+async def emails_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT template, message_id, recipient, sent_at FROM emails_sent"
+        " WHERE payment_id = $1 ORDER BY sent_at",
+        payment_id,
+    )
+
+
+async def ledger_for_user(conn: Executor, user_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT payment_id, kind, points, created_at FROM bonus_ledger"
+        " WHERE user_id = $1 ORDER BY id",
+        user_id,
+    )
+
+
+async def backlog(conn: Executor) -> tuple[int, int]:
+    """Rows waiting to be published: (inbox rows for ingest, outbox rows for the relay).
+
+    Both counts walk partial indexes that hold only unpublished rows."""
+    inbox = await conn.fetchval("SELECT count(*) FROM inbox WHERE published_at IS NULL")
+    outbox = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+    return int(inbox), int(outbox)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from services.api import handlers
+from services.api import dlq_routes, handlers, monitor
+from services.api.dlq_access import DlqAccess
 from shared import service
+from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
-from shared.db import pool_ctx
-from shared.metrics import new_registry
+from shared.db import DB_POOL, pool_ctx
+from shared.metrics import QueueMetrics, new_registry
+from shared.topology import build_topology
 from shared.web import base_app
 
 REQUIRED_ENV = ("ADMIN_TOKEN",)
@@ -36,14 +41,43 @@ def admin_auth(token: str) -> Middleware:
     return middleware
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(
+    settings: Settings, *, monitor_interval_s: float = monitor.INTERVAL_S
+) -> web.Application:
     if not settings.admin_token:
         raise ValueError("ADMIN_TOKEN is required by the api")
-    app = base_app(new_registry())
+    registry = new_registry()
+    queue_metrics = QueueMetrics.create(registry)
+    app = base_app(registry)
     app.middlewares.append(admin_auth(settings.admin_token))
+    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url))
+    app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+
+    async def monitor_ctx(app: web.Application) -> AsyncIterator[None]:
+        access = DlqAccess(app[BROKER])
+        app[handlers.DLQ_ACCESS] = access
+
+        async def run() -> None:
+            await app[BROKER].wait_connected(float("inf"))
+            await monitor.run_forever(app[DB_POOL], access, queue_metrics, monitor_interval_s)
+
+        task = asyncio.create_task(run(), name="queue-monitor")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app.cleanup_ctx.append(monitor_ctx)
     app.router.add_post("/api/orders", handlers.register_order)
     app.router.add_get("/api/orders/{order_id}", handlers.get_order)
+    app.router.add_get("/api/payments/{payment_id}", handlers.get_payment)
+    app.router.add_get("/api/users/{user_id}/bonus", handlers.get_user_bonus)
+    app.router.add_get("/api/dlq", dlq_routes.list_dlqs)
+    app.router.add_get("/api/dlq/{queue}", dlq_routes.show_dlq)
+    app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)
     return app
 
 

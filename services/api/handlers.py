@@ -7,9 +7,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from shared import queries
+from services.api.dlq_access import DlqAccess
+from shared import dlq, queries, support
 from shared.db import DB_POOL
 from shared.orders import OrderValidationError, order_json, parse_new_order
+
+DLQ_ACCESS = web.AppKey("dlq_access", DlqAccess)
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
@@ -43,3 +46,22 @@ async def get_order(request: web.Request) -> web.Response:
     if row is None:
         return json_error(404, "order not found")
     return json_response(order_json(row))
+
+
+async def get_payment(request: web.Request) -> web.Response:
+    payment_id = request.match_info["payment_id"]
+    access = request.app[DLQ_ACCESS]
+    letters = []
+    async with access.channel() as channel:
+        for queue in dlq.QUEUES:
+            letters.extend(await dlq.show(channel, dlq.dlq_name(access.topology, queue)))
+    view = await support.payment_view(request.app[DB_POOL], payment_id, letters)
+    if view is None:
+        return json_error(404, "payment not found")
+    return json_response(view)
+
+
+async def get_user_bonus(request: web.Request) -> web.Response:
+    return json_response(
+        await support.user_bonus(request.app[DB_POOL], request.match_info["user_id"])
+    )

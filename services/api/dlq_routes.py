@@ -1,0 +1,135 @@
+"""DLQ routes: list the DLQs, show one, requeue from one (SPEC section 7)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from services.api.handlers import DLQ_ACCESS, json_error, json_response
+from shared import dlq
+
+_MAX_PAGE = 1000
+
+
+def _queue(request: web.Request) -> str | None:
+    name = request.match_info["queue"]
+    if name not in dlq.QUEUES:
+        return None
+    return dlq.dlq_name(request.app[DLQ_ACCESS].topology, name)
+
+
+async def list_dlqs(request: web.Request) -> web.Response:
+    access = request.app[DLQ_ACCESS]
+    async with access.channel() as channel:
+        stats = await dlq.stats(channel, access.topology)
+    return json_response(
+        {
+            "queues": [
+                {
+                    "queue": s.queue,
+                    "messages": s.messages,
+                    "oldest_age_seconds": s.oldest_age_seconds,
+                }
+                for s in stats
+            ]
+        }
+    )
+
+
+async def show_dlq(request: web.Request) -> web.Response:
+    queue = _queue(request)
+    if queue is None:
+        return json_error(404, f"no such DLQ; one of {', '.join(dlq.QUEUES)}")
+    try:
+        limit = int(request.query.get("limit", "100"))
+        offset = int(request.query.get("offset", "0"))
+    except ValueError:
+        return json_error(400, "limit and offset must be whole numbers")
+    if not (1 <= limit <= _MAX_PAGE and offset >= 0):
+        return json_error(400, f"limit must be 1-{_MAX_PAGE}, offset >= 0")
+    async with request.app[DLQ_ACCESS].channel() as channel:
+        letters = await dlq.show(channel, queue)
+    page = letters[offset : offset + limit]
+    return json_response(
+        {
+            "queue": queue,
+            "total": len(letters),
+            "offset": offset,
+            "limit": limit,
+            "messages": [letter.as_json() for letter in page],
+        }
+    )
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def _time(data: dict[str, Any], key: str) -> dt.datetime | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    try:
+        at = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        raise _BadRequest(f"{key} must be an ISO 8601 time") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
+
+
+def _optional_text(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _BadRequest(f"{key} must be a string")
+    return value
+
+
+async def requeue_dlq(request: web.Request) -> web.Response:
+    queue = _queue(request)
+    if queue is None:
+        return json_error(404, f"no such DLQ; one of {', '.join(dlq.QUEUES)}")
+    try:
+        data = orjson.loads(await request.read())
+        if not isinstance(data, dict):
+            raise _BadRequest("body must be a JSON object")
+        ids = data.get("ids", [])
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise _BadRequest("ids must be a list of strings")
+        everything = data.get("all", False) is True
+        limit = data.get("limit")
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise _BadRequest("limit must be a positive whole number")
+        match = dlq.matcher(
+            ids=ids,
+            everything=everything,
+            reason=_optional_text(data, "reason"),
+            event_type=_optional_text(data, "event_type"),
+            payment_id=_optional_text(data, "payment_id"),
+            since=_time(data, "since"),
+            until=_time(data, "until"),
+        )
+        if not (
+            ids
+            or everything
+            or set(data) & {"reason", "event_type", "payment_id", "since", "until"}
+        ):
+            raise _BadRequest('say what to requeue: "ids", "all": true, or a filter')
+    except orjson.JSONDecodeError:
+        return json_error(400, "body is not valid JSON")
+    except _BadRequest as e:
+        return json_error(400, str(e))
+    async with request.app[DLQ_ACCESS].channel() as channel:
+        result = await dlq.requeue(
+            channel, queue, match, ids=ids, limit=limit, dry_run=data.get("dry_run") is True
+        )
+    return json_response(
+        {
+            "requeued": 0 if result.dry_run else len(result.requeued),
+            "would_requeue": len(result.requeued) if result.dry_run else None,
+            "dry_run": result.dry_run,
+            "ids": [letter.id for letter in result.requeued],
+            "not_found": result.not_found,
+        }
+    )

@@ -1,0 +1,252 @@
+"""The operator commands behind the CLI: orders, payments, DLQs (PostgreSQL and RabbitMQ
+directly, no api in between). Each returns the process exit code."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aio_pika
+import asyncpg
+import orjson
+from aio_pika.abc import AbstractChannel
+
+from shared import dlq, queries, support
+from shared.config import Settings
+from shared.console import Progress, table
+from shared.db import init_connection
+from shared.orders import OrderValidationError, order_json, parse_new_order
+from shared.topology import Topology, build_topology
+
+EXIT_OK = 0
+EXIT_NOTHING = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_CONFLICT = 4
+
+_TIMEOUT_S = 5.0
+
+
+class UnreachableError(Exception):
+    """PostgreSQL or RabbitMQ could not be reached (exit 3)."""
+
+
+def _print_json(data: Any) -> None:
+    print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"payhooks: {message}", file=sys.stderr)
+    return code
+
+
+@asynccontextmanager
+async def database(settings: Settings) -> AsyncIterator[asyncpg.Connection[Any]]:
+    try:
+        conn: asyncpg.Connection[Any] = await asyncpg.connect(
+            settings.database_url, timeout=_TIMEOUT_S
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError) as e:
+        raise UnreachableError(f"cannot reach PostgreSQL: {e}") from None
+    try:
+        await init_connection(conn)
+        yield conn
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def broker(settings: Settings) -> AsyncIterator[tuple[AbstractChannel, Topology]]:
+    try:
+        connection = await aio_pika.connect(settings.amqp_url, timeout=_TIMEOUT_S)
+    except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as e:
+        raise UnreachableError(f"cannot reach RabbitMQ: {e}") from None
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        yield channel, build_topology(settings.amqp_prefix, settings.retry_delays_s)
+    finally:
+        await connection.close()
+
+
+async def order_add(settings: Settings, args: argparse.Namespace) -> int:
+    data = {
+        "order_id": args.order_id,
+        "payment_id": args.payment_id,
+        "user_id": args.user_id,
+        "email": args.email,
+        "amount": args.amount,
+        "currency": args.currency,
+    }
+    try:
+        order = parse_new_order(data)
+    except OrderValidationError as e:
+        for name, problem in e.fields.items():
+            print(f"payhooks: --{name.replace('_', '-')}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    async with database(settings) as conn:
+        try:
+            row, created = await queries.register_order(conn, order)
+        except queries.OrderConflictError as e:
+            return _fail(str(e), EXIT_CONFLICT)
+    shown = order_json(row)
+    if args.json:
+        _print_json(shown)
+    else:
+        verb = "registered" if created else "already registered"
+        print(
+            f"order {shown['order_id']} {verb}: payment {shown['payment_id']},"
+            f" {shown['amount']} {shown['currency']}, status {shown['status']}"
+        )
+    return EXIT_OK
+
+
+async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
+    async with broker(settings) as (channel, topology):
+        letters = []
+        for queue in dlq.QUEUES:
+            letters.extend(await dlq.show(channel, dlq.dlq_name(topology, queue)))
+    async with database(settings) as conn:
+        view = await support.payment_view(conn, args.payment_id, letters)
+    if view is None:
+        return _fail(f"payment {args.payment_id} is unknown (no order, no webhook)", EXIT_NOTHING)
+    if args.json:
+        _print_json(view)
+        return EXIT_OK
+    order = view["order"]
+    if order is None:
+        print(f"payment {args.payment_id}: NO ORDER REGISTERED (events wait in orders.dlq)")
+    else:
+        print(
+            f"payment {args.payment_id}  order {order['order_id']}  user {order['user_id']}"
+            f"  {order['amount']} {order['currency']}  status {order['status']}"
+            f"  refunded {order['refunded_amount']}"
+        )
+    sections: list[tuple[str, list[str], str]] = [
+        (
+            "webhooks",
+            ["received_at", "event_id", "event", "status", "duplicates", "outcome"],
+            "events",
+        ),
+        ("transitions", ["at", "from", "to", "event_id"], "transitions"),
+        ("bonus", ["created_at", "kind", "points", "user_id"], "bonus"),
+        ("emails", ["sent_at", "template", "message_id"], "emails"),
+        ("dead letters", ["id", "reason", "error", "attempts", "last_failed_at"], "dead_letters"),
+    ]
+    for title, columns, key in sections:
+        print(f"\n{title}:")
+        if view[key]:
+            table(columns, [[item.get(c) for c in columns] for item in view[key]])
+        else:
+            print("  (none)")
+    balance = sum(entry["points"] for entry in view["bonus"])
+    print(f"\nnet bonus for this payment: {balance}")
+    return EXIT_OK
+
+
+async def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
+    async with broker(settings) as (channel, topology):
+        stats = await dlq.stats(channel, topology)
+    rows = [
+        {"queue": s.queue, "messages": s.messages, "oldest_age_seconds": s.oldest_age_seconds}
+        for s in stats
+    ]
+    if args.json:
+        _print_json({"queues": rows})
+    else:
+        table(["queue", "messages", "oldest_age_seconds"], [list(r.values()) for r in rows])
+    return EXIT_OK
+
+
+async def dlq_show(settings: Settings, args: argparse.Namespace) -> int:
+    async with broker(settings) as (channel, topology):
+        letters = await dlq.show(channel, dlq.dlq_name(topology, args.queue))
+    shown = letters[: args.limit] if args.limit else letters
+    if args.json:
+        _print_json({"messages": [d.as_json() for d in shown], "total": len(letters)})
+    else:
+        columns = ["id", "event", "payment_id", "reason", "attempts", "last_failed_at", "error"]
+        table(columns, [[d.as_json()[c] for c in columns] for d in shown])
+        print(f"\n{len(shown)} of {len(letters)} message(s) shown")
+    return EXIT_OK if letters else EXIT_NOTHING
+
+
+def _since(value: str | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    at = dt.datetime.fromisoformat(value)
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
+
+
+async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
+    filters = (args.id, args.reason, args.event_type, args.payment_id, args.since, args.until)
+    if not args.all and not any(filters):
+        return _fail(
+            "say what to requeue: --id ID, --all, or a filter (--reason, --event-type,"
+            " --payment-id, --since, --until)",
+            EXIT_USAGE,
+        )
+    try:
+        match = dlq.matcher(
+            ids=args.id or (),
+            everything=args.all,
+            reason=args.reason,
+            event_type=args.event_type,
+            payment_id=args.payment_id,
+            since=_since(args.since),
+            until=_since(args.until),
+        )
+    except ValueError as e:
+        return _fail(f"--since/--until: {e}", EXIT_USAGE)
+    progress = Progress("requeued")
+    async with broker(settings) as (channel, topology):
+        result = await dlq.requeue(
+            channel,
+            dlq.dlq_name(topology, args.queue),
+            match,
+            ids=args.id or (),
+            limit=args.limit,
+            dry_run=args.dry_run,
+            progress=progress,
+        )
+    progress.finish()
+    ids = [d.id for d in result.requeued]
+    if args.json:
+        _print_json(
+            {
+                "requeued": 0 if args.dry_run else len(ids),
+                "dry_run": args.dry_run,
+                "ids": ids,
+                "not_found": result.not_found,
+            }
+        )
+    else:
+        verb = "would requeue" if args.dry_run else "requeued"
+        for letter in result.requeued:
+            print(f"{verb} {letter.id} ({letter.reason}) -> {letter.original_queue}")
+        for missing in result.not_found:
+            print(f"not found: {missing}", file=sys.stderr)
+        print(f"{verb} {len(ids)} message(s) from {args.queue}.dlq")
+    return EXIT_OK if ids else EXIT_NOTHING
+
+
+async def dlq_purge(settings: Settings, args: argparse.Namespace) -> int:
+    if not args.yes:
+        return _fail("purge deletes messages for good: add --yes to confirm", EXIT_USAGE)
+    progress = Progress("purged")
+    async with broker(settings) as (channel, topology):
+        removed = await dlq.purge(channel, dlq.dlq_name(topology, args.queue), progress=progress)
+    progress.finish()
+    if args.json:
+        _print_json({"purged": len(removed), "messages": [d.as_json() for d in removed]})
+    else:
+        for letter in removed:
+            print(
+                f"purged {letter.id} ({letter.reason}) event {letter.event} "
+                f"payment {letter.payment_id}"
+            )
+        print(f"purged {len(removed)} message(s) from {args.queue}.dlq")
+    return EXIT_OK if removed else EXIT_NOTHING

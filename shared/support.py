@@ -1,0 +1,96 @@
+"""The support view of one payment: what came in, what changed, what it caused, what died."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from shared import queries
+from shared.dlq import DeadLetter
+from shared.orders import order_json
+from shared.queries import Executor
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+async def payment_view(
+    conn: Executor, payment_id: str, dead_letters: Sequence[DeadLetter]
+) -> dict[str, Any] | None:
+    """Everything payhooks knows about a payment; None if it has never heard of it."""
+    order = await queries.order_for_payment(conn, payment_id)
+    webhooks = await queries.webhooks_for_payment(conn, payment_id)
+    if order is None and not webhooks:
+        return None
+    events = []
+    for row in webhooks:
+        try:
+            status = orjson.loads(row["body"]).get("status")
+        except (orjson.JSONDecodeError, AttributeError):
+            status = None
+        events.append(
+            {
+                "event_id": row["event_id"],
+                "event": row["event_type"],
+                "status": status,
+                "received_at": _iso(row["received_at"]),
+                "duplicates": row["duplicates"],
+                "published": row["published_at"] is not None,
+                # What the orders worker decided, or where the event is if not yet processed.
+                "outcome": row["processed_outcome"]
+                or ("queued" if row["published_at"] is not None else "stored"),
+            }
+        )
+    return {
+        "order": order_json(order) if order is not None else None,
+        "events": events,
+        "transitions": [
+            {
+                "from": r["from_status"],
+                "to": r["to_status"],
+                "event_id": r["event_id"],
+                "at": _iso(r["at"]),
+            }
+            for r in await queries.transitions_for_payment(conn, payment_id)
+        ],
+        "bonus": [
+            {
+                "kind": r["kind"],
+                "points": r["points"],
+                "user_id": r["user_id"],
+                "event_id": r["event_id"],
+                "created_at": _iso(r["created_at"]),
+            }
+            for r in await queries.ledger_for_payment(conn, payment_id)
+        ],
+        "emails": [
+            {
+                "template": r["template"],
+                "message_id": r["message_id"],
+                "recipient": r["recipient"],
+                "sent_at": _iso(r["sent_at"]),
+            }
+            for r in await queries.emails_for_payment(conn, payment_id)
+        ],
+        "dead_letters": [d.as_json() for d in dead_letters if d.payment_id == payment_id],
+    }
+
+
+async def user_bonus(conn: Executor, user_id: str) -> dict[str, Any]:
+    entries = await queries.ledger_for_user(conn, user_id)
+    return {
+        "user_id": user_id,
+        "balance": sum(r["points"] for r in entries),
+        "entries": [
+            {
+                "payment_id": r["payment_id"],
+                "kind": r["kind"],
+                "points": r["points"],
+                "created_at": _iso(r["created_at"]),
+            }
+            for r in entries
+        ],
+    }
