@@ -15,6 +15,7 @@ from typing import Any
 
 import aio_pika
 import structlog
+from aio_pika import RobustConnection
 from aio_pika.abc import (
     AbstractExchange,
     AbstractRobustChannel,
@@ -22,6 +23,7 @@ from aio_pika.abc import (
     DeliveryMode,
 )
 from aiohttp import web
+from yarl import URL
 
 from shared.errors import UnavailableError
 from shared.topology import Topology, declare
@@ -177,11 +179,19 @@ class Broker:
     async def _connect_forever(self) -> None:
         attempt = 0
         while True:
+            # Built by hand rather than with connect_robust() so that a failure or a
+            # cancellation half-way (shutdown during startup) can always close it: a robust
+            # connection left open keeps reconnecting for ever.
+            connection = RobustConnection(URL(self._url))
             try:
-                connection = await aio_pika.connect_robust(self._url, timeout=CONNECT_TIMEOUT_S)
+                await connection.connect(timeout=CONNECT_TIMEOUT_S)
                 channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
                 exchange = await declare(channel, self.topology)
-            except (TimeoutError, OSError, aio_pika.exceptions.AMQPError) as e:
+            except BaseException as e:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(connection.close())
+                if not isinstance(e, TimeoutError | OSError | aio_pika.exceptions.AMQPError):
+                    raise
                 delay = _RECONNECT_BACKOFF_S[min(attempt, len(_RECONNECT_BACKOFF_S) - 1)]
                 attempt += 1
                 log.warning("broker.connect_failed", error=repr(e), retry_in_s=delay)
