@@ -19,17 +19,20 @@ INTERVAL_S = 15.0
 
 async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetrics) -> None:
     topology = access.topology
+
+    def label(name: str) -> str:
+        # Labels are the queue names of SPEC section 4 whatever AMQP_PREFIX is, so alert
+        # rules and dashboards match every deployment.
+        return name.removeprefix(topology.prefix)
+
     async with access.channel() as channel:
-        for work in topology.work.values():
-            for name in (work.name, work.dlq):
-                metrics.queue_messages.labels(queue=name).set(await dlq.depth(channel, name))
-        metrics.queue_messages.labels(queue=topology.unrouted).set(
-            await dlq.depth(channel, topology.unrouted)
-        )
+        names = [n for w in topology.work.values() for n in (w.name, w.dlq)]
+        for name in [*names, topology.unrouted]:
+            metrics.queue_messages.labels(queue=label(name)).set(await dlq.depth(channel, name))
     async with access.channel() as channel:
         # Reading a DLQ's messages is needed for their age; only done for non-empty ones.
         for stat in await dlq.stats(channel, topology):
-            metrics.oldest_age.labels(queue=stat.queue).set(stat.oldest_age_seconds or 0)
+            metrics.oldest_age.labels(queue=label(stat.queue)).set(stat.oldest_age_seconds or 0)
     inbox, outbox = await queries.backlog(pool)
     metrics.inbox_unpublished.set(inbox)
     metrics.outbox_backlog.set(outbox)
