@@ -11,8 +11,10 @@ concurrent copies of the event wait for it instead of publishing a second messag
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
+import time
 import uuid
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,10 @@ from shared.broker import Broker, Outgoing, publish_error
 from shared.topology import message_id, routing_key
 
 log = structlog.get_logger(__name__)
+
+# Longer than any batch's deadlines: the gap between a copy's INSERT (which saw the row still
+# unpublished) and its answer.
+CONFIRM_MEMORY_S = 30.0
 
 
 def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
@@ -52,7 +58,12 @@ class ClaimedPublisher:
         self._pool = pool
         self._broker = broker
         self._timeout_s = timeout_s
+        # Publishes under way, and confirmed ones for a while after: a copy whose INSERT saw
+        # the row unpublished just before the mark committed must still find the confirm.
         self.in_flight: dict[str, asyncio.Future[None]] = {}
+        self._confirmed: collections.deque[tuple[float, str, asyncio.Future[None]]] = (
+            collections.deque()
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._to_mark: list[ClaimedRow] = []
 
@@ -75,11 +86,11 @@ class ClaimedPublisher:
 
     def _settle(self, claim: uuid.UUID, row: ClaimedRow, future: asyncio.Future[None]) -> None:
         if publish_error(future) is None:
-            # Stays in `in_flight` (as a confirmed future) until the row is marked, so a
-            # copy arriving in between is answered `duplicate` rather than 503.
             if not self._to_mark:
                 self._spawn(self._mark_published())
             self._to_mark.append(row)
+            self._confirmed.append((time.monotonic(), row.event_id, future))
+            self._forget_old_confirms()
         else:
             self._forget(row, future)
             self._spawn(queries.release_claims(self._pool, [row.id], claim))
@@ -93,13 +104,14 @@ class ClaimedPublisher:
         # arrive together), not one per row.
         await asyncio.sleep(0)
         rows, self._to_mark = self._to_mark, []
-        try:
-            await queries.mark_published(self._pool, [r.id for r in rows])
-        finally:
-            for row in rows:
-                future = self.in_flight.get(row.event_id)
-                if future is not None and future.done():
-                    del self.in_flight[row.event_id]
+        await queries.mark_published(self._pool, [r.id for r in rows])
+
+    def _forget_old_confirms(self) -> None:
+        horizon = time.monotonic() - CONFIRM_MEMORY_S
+        while self._confirmed and self._confirmed[0][0] < horizon:
+            _, event_id, future = self._confirmed.popleft()
+            if self.in_flight.get(event_id) is future:
+                del self.in_flight[event_id]
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         async def run() -> None:
