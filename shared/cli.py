@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from shared import operator
+from shared import dlq, operator
 from shared.config import ConfigError, Settings
 from shared.dlq import QUEUES
 from shared.logs import configure_logging
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     dlq_list.set_defaults(handler=operator.dlq_list)
     dlq_show = dlq.add_parser("show", help="the messages of one DLQ (nothing is moved)")
     dlq_show.add_argument("queue", choices=QUEUES)
-    dlq_show.add_argument("--limit", type=int, default=None)
+    dlq_show.add_argument("--limit", type=_positive, default=None)
     dlq_show.add_argument("--json", action="store_true")
     dlq_show.set_defaults(handler=operator.dlq_show)
     requeue = dlq.add_parser(
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     requeue.add_argument("--payment-id")
     requeue.add_argument("--since", help="last failure at or after (ISO 8601)")
     requeue.add_argument("--until", help="last failure at or before (ISO 8601)")
-    requeue.add_argument("--limit", type=int, default=None)
+    requeue.add_argument("--limit", type=_positive, default=None)
     requeue.add_argument("--dry-run", action="store_true", help="show what would move")
     requeue.add_argument("--json", action="store_true")
     requeue.set_defaults(handler=operator.dlq_requeue)
@@ -83,6 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     purge.add_argument("--json", action="store_true")
     purge.set_defaults(handler=operator.dlq_purge)
     return parser
+
+
+def _positive(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
 
 
 def _settings(required: Sequence[str] = ()) -> Settings:
@@ -123,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except operator.UnreachableError as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(operator.EXIT_UNREACHABLE)
+    except (dlq.MissingQueueError, dlq.UnroutableError) as e:
+        print(f"payhooks: {e}", file=sys.stderr)
+        sys.exit(operator.EXIT_USAGE)
     except KeyboardInterrupt:
         # Messages held unacknowledged go back to their DLQ when the connection closes.
         print("payhooks: interrupted", file=sys.stderr)

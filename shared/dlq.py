@@ -15,13 +15,15 @@ Nothing here can lose a message:
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, DeliveryMode
+from pamqp.commands import Basic
 
 from shared.topology import Topology
 from shared.worker import (
@@ -37,6 +39,25 @@ REQUEUED = "requeued"
 QUEUES = ("orders", "bonuses", "emails")
 
 _PUBLISH_TIMEOUT_S = 10.0
+
+
+class UnroutableError(Exception):
+    """RabbitMQ could not queue a requeued copy; its DLQ copy was kept."""
+
+
+class MissingQueueError(Exception):
+    """The queue does not exist: a wrong AMQP_PREFIX, or no service has declared it yet."""
+
+
+@asynccontextmanager
+async def _existing(queue: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except aio_pika.exceptions.ChannelNotFoundEntity:
+        raise MissingQueueError(
+            f"queue {queue} does not exist (check AMQP_PREFIX; any payhooks service declares"
+            " the queues when it starts)"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +147,8 @@ def dlq_name(topology: Topology, queue: str) -> str:
 
 
 async def depth(channel: AbstractChannel, queue: str) -> int:
-    declared = await channel.declare_queue(queue, passive=True)
+    async with _existing(queue):
+        declared = await channel.declare_queue(queue, passive=True)
     count = declared.declaration_result.message_count
     return int(count or 0)
 
@@ -135,8 +157,9 @@ async def _read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomi
     """Every ready message, unacknowledged (the caller acks or hands back each one)."""
     q = await channel.get_queue(queue, ensure=False)
     messages: list[AbstractIncomingMessage] = []
-    while (message := await q.get(no_ack=False, fail=False)) is not None:
-        messages.append(message)
+    async with _existing(queue):
+        while (message := await q.get(no_ack=False, fail=False)) is not None:
+            messages.append(message)
     return messages
 
 
@@ -187,8 +210,9 @@ async def requeue(
 ) -> RequeueResult:
     """Move matching messages back to their original queue (confirm first, then ack).
 
-    `channel` must have publisher confirms on (aio-pika's default). `ids` only feeds
-    `not_found`; the selection itself is `match`.
+    `channel` must have publisher confirms on. A copy RabbitMQ can't route (its original
+    queue is gone) stops the requeue with UnroutableError and stays in the DLQ. `ids` only
+    feeds `not_found`; the selection itself is `match`.
     """
     messages = await _read_all(channel, dlq)
     chosen: list[tuple[AbstractIncomingMessage, DeadLetter]] = []
@@ -235,9 +259,16 @@ async def _republish(
         content_type=message.content_type,
         delivery_mode=DeliveryMode.PERSISTENT,
     )
-    await channel.default_exchange.publish(
+    confirm = await channel.default_exchange.publish(
         copy, letter.original_queue, mandatory=True, timeout=_PUBLISH_TIMEOUT_S
     )
+    # Only a broker ack means "queued". A returned message (its queue is gone) is confirmed
+    # too, but as a DeliveredMessage: the DLQ copy must stay.
+    if not isinstance(confirm, Basic.Ack):
+        raise UnroutableError(
+            f"{letter.original_queue} does not take messages (deleted or renamed?);"
+            f" {letter.id} stays in the DLQ"
+        )
 
 
 async def purge(

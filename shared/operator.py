@@ -66,7 +66,7 @@ async def broker(settings: Settings) -> AsyncIterator[tuple[AbstractChannel, Top
     except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as e:
         raise UnreachableError(f"cannot reach RabbitMQ: {e}") from None
     try:
-        channel = await connection.channel(publisher_confirms=True)
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         yield channel, build_topology(settings.amqp_prefix, settings.retry_delays_s)
     finally:
         await connection.close()
@@ -105,10 +105,14 @@ async def order_add(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
-    async with broker(settings) as (channel, topology):
-        letters = []
-        for queue in dlq.QUEUES:
-            letters.extend(await dlq.show(channel, dlq.dlq_name(topology, queue)))
+    letters: list[dlq.DeadLetter] = []
+    try:
+        async with broker(settings) as (channel, topology):
+            for queue in dlq.QUEUES:
+                letters.extend(await dlq.show(channel, dlq.dlq_name(topology, queue)))
+    except (UnreachableError, dlq.MissingQueueError) as e:
+        # The database holds most of the answer: show it, and say what is missing.
+        print(f"payhooks: dead letters not shown: {e}", file=sys.stderr)
     async with database(settings) as conn:
         view = await support.payment_view(conn, args.payment_id, letters)
     if view is None:

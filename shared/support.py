@@ -25,6 +25,7 @@ async def payment_view(
     webhooks = await queries.webhooks_for_payment(conn, payment_id)
     if order is None and not webhooks:
         return None
+    dead = {d.event_id: d for d in dead_letters if d.payment_id == payment_id}
     events = []
     for row in webhooks:
         try:
@@ -40,8 +41,7 @@ async def payment_view(
                 "duplicates": row["duplicates"],
                 "published": row["published_at"] is not None,
                 # What the orders worker decided, or where the event is if not yet processed.
-                "outcome": row["processed_outcome"]
-                or ("queued" if row["published_at"] is not None else "stored"),
+                "outcome": _outcome(row, dead.get(row["event_id"])),
             }
         )
     return {
@@ -77,6 +77,14 @@ async def payment_view(
         ],
         "dead_letters": [d.as_json() for d in dead_letters if d.payment_id == payment_id],
     }
+
+
+def _outcome(row: Any, dead: DeadLetter | None) -> str:
+    if row["processed_outcome"]:
+        return str(row["processed_outcome"])
+    if dead is not None:
+        return f"dead_lettered: {dead.reason}"
+    return "queued" if row["published_at"] is not None else "stored, not yet published"
 
 
 async def user_bonus(conn: Executor, user_id: str) -> dict[str, Any]:

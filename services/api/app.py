@@ -28,13 +28,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def admin_auth(token: str) -> Middleware:
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode("utf-8", "replace")
-            if not hmac.compare_digest(given, expected):
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            # The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
+            valid = scheme.lower() == "bearer" and hmac.compare_digest(
+                given.strip().encode("utf-8", "replace"), expected
+            )
+            if not valid:
                 return handlers.json_error(401, "missing or invalid admin token")
         return await handler(request)
 

@@ -25,7 +25,9 @@ class DlqAccess:
     @asynccontextmanager
     async def channel(self) -> AsyncIterator[AbstractChannel]:
         async with self._lock:
-            channel = await self.broker.connection.channel(publisher_confirms=True)
+            channel = await self.broker.connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
             try:
                 yield channel
             finally:

@@ -97,7 +97,10 @@ async def requeue_dlq(request: web.Request) -> web.Response:
         ids = data.get("ids", [])
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise _BadRequest("ids must be a list of strings")
-        everything = data.get("all", False) is True
+        everything = data.get("all", False)
+        dry_run = data.get("dry_run", False)
+        if not isinstance(everything, bool) or not isinstance(dry_run, bool):
+            raise _BadRequest("all and dry_run must be true or false")
         limit = data.get("limit")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise _BadRequest("limit must be a positive whole number")
@@ -120,10 +123,12 @@ async def requeue_dlq(request: web.Request) -> web.Response:
         return json_error(400, "body is not valid JSON")
     except _BadRequest as e:
         return json_error(400, str(e))
-    async with request.app[DLQ_ACCESS].channel() as channel:
-        result = await dlq.requeue(
-            channel, queue, match, ids=ids, limit=limit, dry_run=data.get("dry_run") is True
-        )
+    try:
+        async with request.app[DLQ_ACCESS].channel() as channel:
+            result = await dlq.requeue(channel, queue, match, ids=ids, limit=limit, dry_run=dry_run)
+    except dlq.UnroutableError as e:
+        # What was moved before it stays moved; the rest is still in the DLQ.
+        return json_error(409, str(e))
     return json_response(
         {
             "requeued": 0 if result.dry_run else len(result.requeued),
