@@ -12,27 +12,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import orjson
 from aiohttp import web
 
-from services.ingest.accept import PROVIDER, Outcome, outgoing
+from services.ingest.accept import PROVIDER, Acceptor, Outcome
 from services.ingest.app import REQUIRED_ENV
 from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
+from services.ingest.publishing import outgoing
 from services.ingest.webhook import Webhook
 from shared import service
-from shared.broker import BROKER, Broker
-from shared.broker import broker_ctx as shared_broker_ctx
+from shared.broker import BROKER, Broker, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, TRANSIENT_DB_ERRORS, pool_ctx
 from shared.errors import UnavailableError
 from shared.logs import configure_logging
 from shared.metrics import IngestMetrics
 from shared.topology import build_topology
+from shared.web import base_app
 
 TIMEOUT_S = 4.0
+_DB_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError)
 
 _INSERT = """
 INSERT INTO inbox (provider, event_id, event_type, payment_id, body, headers)
@@ -61,7 +63,7 @@ class NaiveAcceptor:
                     webhook.body,
                     orjson.dumps(headers).decode(),
                 )
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+        except _DB_ERRORS as e:
             raise UnavailableError("PostgreSQL unavailable") from e
         if row_id is None:
             return Outcome.DUPLICATE
@@ -73,18 +75,16 @@ class NaiveAcceptor:
 
 
 def create_app(settings: Settings) -> web.Application:
-    from shared.web import base_app
-
     metrics = IngestMetrics.create()
     app = base_app(metrics.registry, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=10))
-    app.cleanup_ctx.append(shared_broker_ctx(settings.amqp_url, topology))
+    app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
 
     async def acceptor_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[ACCEPTOR] = NaiveAcceptor(app[DB_POOL], app[BROKER])  # type: ignore[assignment]
+        app[ACCEPTOR] = cast(Acceptor, NaiveAcceptor(app[DB_POOL], app[BROKER]))
         yield
 
     app.cleanup_ctx.append(acceptor_ctx)

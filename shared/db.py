@@ -44,6 +44,12 @@ async def init_connection(conn: asyncpg.Connection[Any]) -> None:
     )
 
 
+async def _no_session_reset(conn: asyncpg.Connection[Any]) -> None:
+    """Skip asyncpg's reset query (RESET ALL, UNLISTEN, advisory unlock...) on release: one
+    round trip per release, and payhooks keeps no session state on pooled connections (no
+    SET, LISTEN or advisory locks). asyncpg still rolls back an open transaction."""
+
+
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool[Any]:
     pool: asyncpg.Pool[Any] = await asyncpg.create_pool(
         dsn,
@@ -52,6 +58,7 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
         timeout=CONNECT_TIMEOUT_S,
         command_timeout=COMMAND_TIMEOUT_S,
         init=init_connection,
+        reset=_no_session_reset,
     )
     return pool
 

@@ -9,6 +9,7 @@ from them is at-least-once (RabbitMQ >= 3.10, needs `x-overflow: reject-publish`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,6 +183,7 @@ def _topic_matches(pattern: str, key: str) -> bool:
     return match(pattern.split("."), key.split("."))
 
 
+@functools.lru_cache(maxsize=1024)
 def is_routed(event_type: str) -> bool:
     """Whether some work queue consumes this event type (else it lands in `unrouted`)."""
     key = routing_key(event_type)

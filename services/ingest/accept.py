@@ -22,7 +22,13 @@ from typing import Any
 import asyncpg
 import structlog
 
-from services.ingest.publishing import ClaimedPublisher, ClaimedRow, outgoing, wait_published
+from services.ingest.publishing import (
+    ClaimedPublisher,
+    ClaimedRow,
+    outgoing,
+    retry_deadlock,
+    wait_published,
+)
 from services.ingest.webhook import Webhook
 from shared import queries
 from shared.broker import Broker
@@ -163,6 +169,7 @@ class Acceptor:
         for item in batch:
             key = queries.storable_text(item.webhook.event_id)
             groups.setdefault(key, []).append(item)
+        # Sorted: concurrent batches lock the rows they share in the same order (no deadlock).
         entries = [
             queries.InboxEntry(
                 event_id=key,
@@ -171,17 +178,20 @@ class Acceptor:
                 body=w.body,
                 headers=items[0].headers,
             )
-            for key, items in groups.items()
+            for key, items in sorted(groups.items())
             for w in [items[0].webhook]
         ]
+        held = self.publisher.reserve([e.event_id for e in entries])
         claim = uuid.uuid4()
         try:
             async with asyncio.timeout(self._config.db_timeout_s):
-                stored = await self._store(entries, claim)
+                stored = await retry_deadlock(lambda: self._store(entries, claim))
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             # The INSERT may still commit (a stalled connection): its rows would sit claimed by
             # a batch that is gone. Copies arriving later may take such a claim over at once.
             self._abandoned.add(claim)
+            for event_id, placeholder in held.items():
+                self.publisher.settle_reserved(event_id, placeholder, ok=False)
             log.warning("ingest.db_unavailable", error=repr(e), batch=len(batch))
             _fail(batch, UnavailableError("PostgreSQL unavailable"))
             return
@@ -194,8 +204,15 @@ class Acceptor:
             for e in entries
             if e.event_id in stored and stored[e.event_id].must_publish
         ]
+        publishing = {row.event_id for row in to_publish}
+        for event_id, placeholder in held.items():
+            if event_id not in publishing:
+                row = stored.get(event_id)
+                self.publisher.settle_reserved(
+                    event_id, placeholder, ok=bool(row and row.published)
+                )
         started = time.perf_counter()
-        results = await self.publisher.publish(claim, to_publish)
+        results = await self.publisher.publish(claim, to_publish, held)
         if to_publish:
             self._metrics.publish_confirm_duration.observe(time.perf_counter() - started)
         errors = {row.event_id: err for row, err in zip(to_publish, results, strict=True)}
@@ -226,6 +243,10 @@ class Acceptor:
         the claim: 503, and the provider's retry (or the sweeper, once the claim lapses)
         publishes it. Never 200 before a confirm.
         """
+        if event_id in self.publisher.recently_confirmed:
+            for item in items:
+                _resolve(item, Outcome.DUPLICATE)
+            return
         pending = self.publisher.in_flight.get(event_id)
         if pending is None:
             _fail(items, UnavailableError("the first copy of this event is not confirmed yet"))

@@ -16,15 +16,16 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import structlog
 
 from shared import queries
 from shared.broker import Broker, Outgoing, publish_error
+from shared.errors import UnavailableError
 from shared.topology import message_id, routing_key
 
 log = structlog.get_logger(__name__)
@@ -32,6 +33,10 @@ log = structlog.get_logger(__name__)
 # Longer than any batch's deadlines: the gap between a copy's INSERT (which saw the row still
 # unpublished) and its answer.
 CONFIRM_MEMORY_S = 30.0
+# Confirms gathered into one `published_at` UPDATE.
+MARK_WINDOW_S = 0.02
+
+T = TypeVar("T")
 
 
 def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
@@ -58,21 +63,50 @@ class ClaimedPublisher:
         self._pool = pool
         self._broker = broker
         self._timeout_s = timeout_s
-        # Publishes under way, and confirmed ones for a while after: a copy whose INSERT saw
-        # the row unpublished just before the mark committed must still find the confirm.
+        # Event ids a batch of this process is storing or publishing right now, so that a
+        # copy arriving meanwhile waits for that outcome instead of answering too early.
         self.in_flight: dict[str, asyncio.Future[None]] = {}
-        self._confirmed: collections.deque[tuple[float, str, asyncio.Future[None]]] = (
-            collections.deque()
-        )
+        # Event ids confirmed lately: a copy whose INSERT saw the row unpublished just before
+        # the mark committed still finds the confirm. Plain ids, not futures: tens of
+        # thousands of live futures make every full garbage collection slow.
+        self.recently_confirmed: dict[str, float] = {}
+        self._confirm_order: collections.deque[tuple[float, str]] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._to_mark: list[ClaimedRow] = []
+        self._to_mark: list[int] = []
+
+    def reserve(self, event_ids: Sequence[str]) -> dict[str, asyncio.Future[None]]:
+        """Announce the events a batch is about to store; returns the ones it now holds."""
+        loop = asyncio.get_running_loop()
+        held = {}
+        for event_id in event_ids:
+            if event_id not in self.in_flight:
+                placeholder: asyncio.Future[None] = loop.create_future()
+                placeholder.add_done_callback(_retrieve)
+                self.in_flight[event_id] = held[event_id] = placeholder
+        return held
+
+    def settle_reserved(self, event_id: str, placeholder: asyncio.Future[None], ok: bool) -> None:
+        """A held event this batch did not publish itself: say how it stands."""
+        if self.in_flight.get(event_id) is placeholder:
+            del self.in_flight[event_id]
+        if not placeholder.done():
+            if ok:
+                placeholder.set_result(None)
+            else:
+                placeholder.set_exception(UnavailableError("not confirmed by this process"))
 
     async def publish(
-        self, claim: uuid.UUID, rows: Sequence[ClaimedRow]
+        self,
+        claim: uuid.UUID,
+        rows: Sequence[ClaimedRow],
+        held: dict[str, asyncio.Future[None]] | None = None,
     ) -> list[BaseException | None]:
         """Publish and wait up to the timeout; None per confirmed row, else why not."""
         futures = self._broker.start_publishes([r.message for r in rows])
         for row, future in zip(rows, futures, strict=True):
+            placeholder = (held or {}).get(row.event_id)
+            if placeholder is not None:
+                future.add_done_callback(functools.partial(_chain, placeholder))
             self.in_flight[row.event_id] = future
             future.add_done_callback(functools.partial(self._settle, claim, row))
         if futures:
@@ -85,33 +119,32 @@ class ClaimedPublisher:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _settle(self, claim: uuid.UUID, row: ClaimedRow, future: asyncio.Future[None]) -> None:
-        if publish_error(future) is None:
-            if not self._to_mark:
-                self._spawn(self._mark_published())
-            self._to_mark.append(row)
-            self._confirmed.append((time.monotonic(), row.event_id, future))
-            self._forget_old_confirms()
-        else:
-            self._forget(row, future)
-            self._spawn(queries.release_claims(self._pool, [row.id], claim))
-
-    def _forget(self, row: ClaimedRow, future: asyncio.Future[None]) -> None:
         if self.in_flight.get(row.event_id) is future:
             del self.in_flight[row.event_id]
+        if publish_error(future) is None:
+            now = time.monotonic()
+            self.recently_confirmed[row.event_id] = now
+            self._confirm_order.append((now, row.event_id))
+            self._forget_old_confirms(now)
+            if not self._to_mark:
+                self._spawn(self._mark_published())
+            self._to_mark.append(row.id)
+        else:
+            self._spawn(queries.release_claims(self._pool, [row.id], claim))
 
     async def _mark_published(self) -> None:
-        # One UPDATE for every confirm that lands in the same moment (a batch's confirms
-        # arrive together), not one per row.
-        await asyncio.sleep(0)
-        rows, self._to_mark = self._to_mark, []
-        await queries.mark_published(self._pool, [r.id for r in rows])
+        # One UPDATE for the confirms of a short window (a batch's confirms arrive together,
+        # and the next batch's soon after), not one per row or per batch.
+        await asyncio.sleep(MARK_WINDOW_S)
+        ids, self._to_mark = self._to_mark, []
+        await retry_deadlock(lambda: queries.mark_published(self._pool, sorted(ids)))
 
-    def _forget_old_confirms(self) -> None:
-        horizon = time.monotonic() - CONFIRM_MEMORY_S
-        while self._confirmed and self._confirmed[0][0] < horizon:
-            _, event_id, future = self._confirmed.popleft()
-            if self.in_flight.get(event_id) is future:
-                del self.in_flight[event_id]
+    def _forget_old_confirms(self, now: float) -> None:
+        horizon = now - CONFIRM_MEMORY_S
+        while self._confirm_order and self._confirm_order[0][0] < horizon:
+            at, event_id = self._confirm_order.popleft()
+            if self.recently_confirmed.get(event_id) == at:
+                del self.recently_confirmed[event_id]
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         async def run() -> None:
@@ -123,6 +156,34 @@ class ClaimedPublisher:
         task = asyncio.create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def retry_deadlock(statement: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
+    """Run a statement again when PostgreSQL broke a deadlock by aborting it (it was rolled
+    back as a whole, so running it again is safe)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await statement()
+        except asyncpg.DeadlockDetectedError:
+            if attempt == attempts:
+                raise
+            log.info("ingest.deadlock_retried", attempt=attempt)
+    raise AssertionError("unreachable")  # the loop either returns or raises
+
+
+def _chain(placeholder: asyncio.Future[None], future: asyncio.Future[None]) -> None:
+    if placeholder.done():
+        return
+    error = publish_error(future)
+    if error is None:
+        placeholder.set_result(None)
+    else:
+        placeholder.set_exception(error)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def wait_published(future: asyncio.Future[None]) -> bool:
