@@ -52,7 +52,7 @@ class Outcome(StrEnum):
 @dataclass(frozen=True, slots=True)
 class AcceptorConfig:
     max_batch: int = 256
-    max_in_flight: int = 4
+    max_in_flight: int = 2
     db_timeout_s: float = 4.0
     publish_timeout_s: float = 4.0
     # How long a claim on an unconfirmed row lasts before a retry or the sweeper may take it
