@@ -7,7 +7,7 @@ PY := $(BIN)/python
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
-	@echo "make run      - migrate, then run the ingest service against local PostgreSQL/RabbitMQ"
+	@echo "make run      - migrate, then run ingest, orders, bonuses, email, api and a dev SMTP sink"
 	@echo "make test     - ruff format --check, ruff check, mypy, pytest (what CI runs)"
 	@echo "make lint     - ruff and mypy only"
 	@echo "make bench    - ingest benchmark: batched accept path vs the naive baseline"
@@ -23,9 +23,17 @@ install: $(BIN)/payhooks
 migrate: install
 	$(BIN)/payhooks migrate
 
-# A dev secret is used when none is configured; never use it outside your machine.
+# The whole system on one machine, one process per service, stopped together by Ctrl-C.
+# Dev secret and admin token when none are configured: never use them outside your machine.
+# The SMTP sink (aiosmtpd, printing each mail) stands in for a mail server on SMTP_PORT 1025.
+SERVICES := ingest orders bonuses email api
 run: migrate
-	XHUB_WEBHOOK_SECRETS=$${XHUB_WEBHOOK_SECRETS:-dev-secret} $(BIN)/payhooks run ingest
+	@echo "ingest :8080 (secret $${XHUB_WEBHOOK_SECRETS:-dev-secret}), api :8081 (token $${ADMIN_TOKEN:-dev-admin-token}), workers :9101-9103, SMTP sink :1025"
+	@export XHUB_WEBHOOK_SECRETS=$${XHUB_WEBHOOK_SECRETS:-dev-secret} ADMIN_TOKEN=$${ADMIN_TOKEN:-dev-admin-token}; \
+	trap 'kill 0' INT TERM EXIT; \
+	$(PY) -m aiosmtpd -n -l 127.0.0.1:$${SMTP_PORT:-1025} -c aiosmtpd.handlers.Debugging & \
+	for service in $(SERVICES); do $(BIN)/payhooks run $$service & done; \
+	wait
 
 lint: install
 	$(BIN)/ruff format --check .
