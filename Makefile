@@ -30,7 +30,7 @@ SERVICES := ingest orders bonuses email api
 run: migrate
 	@echo "ingest :8080 (secret $${XHUB_WEBHOOK_SECRETS:-dev-secret}), api :8081 (token $${ADMIN_TOKEN:-dev-admin-token}), workers :9101-9103, SMTP sink :1025"
 	@export XHUB_WEBHOOK_SECRETS=$${XHUB_WEBHOOK_SECRETS:-dev-secret} ADMIN_TOKEN=$${ADMIN_TOKEN:-dev-admin-token}; \
-	trap 'kill 0' INT TERM EXIT; \
+	trap 'kill $$(jobs -p) 2>/dev/null; wait' INT TERM EXIT; \
 	$(PY) -m aiosmtpd -n -l 127.0.0.1:$${SMTP_PORT:-1025} -c aiosmtpd.handlers.Debugging & \
 	for service in $(SERVICES); do $(BIN)/payhooks run $$service & done; \
 	wait
