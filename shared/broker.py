@@ -73,11 +73,11 @@ def publish_error(future: asyncio.Future[None]) -> BaseException | None:
 def _failed(error: BaseException) -> asyncio.Future[None]:
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     future.set_exception(error)
-    future.add_done_callback(_retrieve)
+    future.add_done_callback(retrieve_exception)
     return future
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
+def retrieve_exception(future: asyncio.Future[Any]) -> None:
     # Whoever gave up waiting must not leave "exception was never retrieved" behind.
     if not future.cancelled():
         future.exception()
@@ -163,7 +163,7 @@ class Broker:
             for m in messages
         ]
         for future in futures:
-            future.add_done_callback(_retrieve)
+            future.add_done_callback(retrieve_exception)
         return futures  # type: ignore[return-value]  # publish resolves to the confirm frame
 
     async def publish_many(

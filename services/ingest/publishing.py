@@ -24,7 +24,7 @@ import asyncpg
 import structlog
 
 from shared import queries
-from shared.broker import Broker, Outgoing, publish_error
+from shared.broker import Broker, Outgoing, publish_error, retrieve_exception
 from shared.errors import UnavailableError
 from shared.topology import message_id, routing_key
 
@@ -81,7 +81,7 @@ class ClaimedPublisher:
         for event_id in event_ids:
             if event_id not in self.in_flight:
                 placeholder: asyncio.Future[None] = loop.create_future()
-                placeholder.add_done_callback(_retrieve)
+                placeholder.add_done_callback(retrieve_exception)
                 self.in_flight[event_id] = held[event_id] = placeholder
         return held
 
@@ -179,11 +179,6 @@ def _chain(placeholder: asyncio.Future[None], future: asyncio.Future[None]) -> N
         placeholder.set_result(None)
     else:
         placeholder.set_exception(error)
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 async def wait_published(future: asyncio.Future[None]) -> bool:
