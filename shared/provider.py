@@ -1,0 +1,402 @@
+"""X-Hub API client: `GET /payments/{id}` with timeouts, a shared rate limit, retries and metrics.
+
+Failures are translated at this boundary: 401/403, 404 and bad answers are PermanentErrors;
+5xx, 429, network errors and timeouts are retried, then raised as a TransientError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from yarl import URL
+
+from shared.config import ConfigError, Settings
+from shared.errors import PermanentError, TransientError
+
+log = structlog.get_logger(__name__)
+
+PROVIDER_OUTCOMES = (
+    "ok",
+    "not_found",
+    "unauthorized",
+    "unexpected_status",
+    "invalid_response",
+    "server_error",
+    "rate_limited",
+    "network_error",
+    "timeout",
+)
+_RETRIED_OUTCOMES = frozenset({"server_error", "rate_limited", "network_error", "timeout"})
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_DELAY_SECONDS = re.compile(r"\d+(\.\d+)?")
+
+
+class ProviderAuthError(PermanentError):
+    """The provider refused our credentials (401/403)."""
+
+
+class PaymentNotFoundError(PermanentError):
+    """The provider does not know the payment (404)."""
+
+    def __init__(self, payment_id: str) -> None:
+        super().__init__(f"provider has no payment {payment_id!r} (404)")
+        self.payment_id = payment_id
+
+
+class ProviderResponseError(PermanentError):
+    """The provider answered something we cannot use: a bad body or an unexpected status."""
+
+
+class ProviderUnavailableError(TransientError):
+    """The provider stayed down, slow or rate-limiting through every attempt we could afford."""
+
+    def __init__(self, message: str, *, attempts: int, last_outcome: str | None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.last_outcome = last_outcome
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderPayment:
+    payment_id: str
+    status: str
+    amount: Decimal
+    currency: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderPolicy:
+    """Timeouts, retries and rate limit; one `get_payment` never outlives `deadline_s`."""
+
+    connect_timeout_s: float = 3.0
+    read_timeout_s: float = 10.0
+    max_attempts: int = 4
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 8.0
+    retry_after_max_s: float = 60.0
+    deadline_s: float = 30.0
+    rate_per_s: float = 10.0
+    burst: int = 1
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ProviderPolicy.{name} must be greater than 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderMetrics:
+    requests: Counter
+    request_duration: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> ProviderMetrics:
+        requests = Counter(
+            "payhooks_provider_requests",
+            "HTTP requests to the provider's API (each retry counts), by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in PROVIDER_OUTCOMES:
+            requests.labels(outcome=outcome)
+        return cls(
+            requests=requests,
+            request_duration=Histogram(
+                "payhooks_provider_request_duration_seconds",
+                "Time one HTTP request to the provider's API took, failed ones included.",
+                buckets=_DURATION_BUCKETS,
+                registry=registry,
+            ),
+        )
+
+    def observe(self, outcome: str, duration_s: float) -> None:
+        self.requests.labels(outcome=outcome).inc()
+        self.request_duration.observe(duration_s)
+
+
+class RateLimiter:
+    """Token bucket shared by every caller of one client: `rate_per_s` on average, `burst` at once.
+
+    Waiters queue on one lock, so concurrent callers are served in arrival order.
+    """
+
+    def __init__(self, rate_per_s: float, burst: int = 1) -> None:
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError("rate_per_s must be > 0 and burst >= 1")
+        self._rate = rate_per_s
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._updated = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+        self._updated = now
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            self._refill()
+            if self._tokens < 1:
+                await asyncio.sleep((1 - self._tokens) / self._rate)
+                self._refill()
+            # A timer firing a hair early leaves a tiny debt that the next wait pays back.
+            self._tokens -= 1
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds to wait from a `Retry-After` value (delay-seconds or HTTP date); None if unusable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if _DELAY_SECONDS.fullmatch(value):
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # HTTP dates are always GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    outcome: str
+    detail: str
+    retry_after_s: float | None = None
+    error: BaseException | None = None
+
+
+class ProviderClient:
+    """One aiohttp session to the provider; use `async with` or `start()` / `close()`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        metrics: ProviderMetrics,
+        policy: ProviderPolicy | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        url = URL(base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("XHUB_API_URL must be an absolute http(s) URL")
+        if not api_key.strip():
+            raise ValueError("XHUB_API_KEY must not be empty")
+        self._base_url = base_url.rstrip("/")
+        self._shown_url = str(url.with_user(None))  # never show credentials in a URL either
+        self._headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+        self.metrics = metrics
+        self.policy = policy or ProviderPolicy()
+        self._limiter = RateLimiter(self.policy.rate_per_s, self.policy.burst)
+        self._rng = rng or random.Random()
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, metrics: ProviderMetrics, policy: ProviderPolicy | None = None
+    ) -> ProviderClient:
+        url, key = settings.xhub_api_url, settings.xhub_api_key
+        if url is None or key is None:
+            missing = [name for name, v in (("XHUB_API_KEY", key), ("XHUB_API_URL", url)) if not v]
+            raise ConfigError(
+                "invalid configuration: " + "; ".join(f"{name} is required" for name in missing)
+            )
+        return cls(url, key, metrics=metrics, policy=policy)
+
+    def __repr__(self) -> str:
+        return f"ProviderClient(base_url={self._shown_url!r}, policy={self.policy!r})"
+
+    async def start(self) -> None:
+        if self._session is not None:
+            raise RuntimeError("ProviderClient is already started")
+        self._session = aiohttp.ClientSession(timeout=self._timeout(None))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def get_payment(self, payment_id: str) -> ProviderPayment:
+        """The provider's view of one payment, retried within the policy's attempts and deadline."""
+        if self._session is None:
+            raise RuntimeError("ProviderClient is not started")
+        if not payment_id:
+            raise ValueError("payment_id must not be empty")
+        url = URL(f"{self._base_url}/payments/{quote(payment_id, safe='')}", encoded=True)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self.policy.deadline_s
+        failure: _Failure | None = None
+        attempt = 0
+        while attempt < self.policy.max_attempts:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._limiter.acquire()
+            except TimeoutError:
+                break
+            attempt += 1
+            result = await self._attempt(self._session, url, payment_id, deadline)
+            if isinstance(result, ProviderPayment):
+                return result
+            failure = result
+            delay = self._delay(attempt, failure.retry_after_s)
+            retrying = attempt < self.policy.max_attempts and loop.time() + delay < deadline
+            log.info(
+                "provider.request_failed",
+                payment_id=payment_id,
+                attempt=attempt,
+                outcome=failure.outcome,
+                detail=failure.detail,
+                retry_in_s=round(delay, 3) if retrying else None,
+            )
+            if not retrying:
+                break
+            await asyncio.sleep(delay)
+        last = f"{failure.outcome} ({failure.detail})" if failure else "rate limit wait"
+        raise ProviderUnavailableError(
+            f"provider API unavailable for payment {payment_id!r}: {attempt} attempt(s) in "
+            f"{loop.time() - started:.1f}s, last: {last}",
+            attempts=attempt,
+            last_outcome=failure.outcome if failure else None,
+        ) from (failure.error if failure else None)
+
+    def _timeout(self, remaining_s: float | None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=remaining_s,
+            connect=self.policy.connect_timeout_s,
+            sock_connect=self.policy.connect_timeout_s,
+            sock_read=self.policy.read_timeout_s,
+        )
+
+    def _delay(self, attempt: int, retry_after_s: float | None) -> float:
+        if retry_after_s is not None:
+            return min(retry_after_s, self.policy.retry_after_max_s)
+        # Full jitter (AWS "Exponential Backoff and Jitter"): spreads replicas' retries apart.
+        ceiling = min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2 ** (attempt - 1))
+        return self._rng.uniform(0, ceiling)
+
+    async def _attempt(
+        self, session: aiohttp.ClientSession, url: URL, payment_id: str, deadline: float
+    ) -> ProviderPayment | _Failure:
+        """One HTTP request: a payment, a retryable failure, or a raised PermanentError."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with session.get(
+                url,
+                headers=self._headers,
+                timeout=self._timeout(max(deadline - started, 0.001)),
+                allow_redirects=False,  # a redirect must not carry our bearer key elsewhere
+            ) as response:
+                status = response.status
+                body = await response.read()
+                retry_after = response.headers.get("Retry-After")
+        except TimeoutError as e:  # aiohttp's connect and read timeouts subclass TimeoutError
+            self.metrics.observe("timeout", loop.time() - started)
+            return _Failure("timeout", type(e).__name__, error=e)
+        except aiohttp.ClientError as e:
+            self.metrics.observe("network_error", loop.time() - started)
+            return _Failure("network_error", type(e).__name__, error=e)
+        duration_s = loop.time() - started
+
+        if status == 200:
+            try:
+                payment = _parse_payment(body, payment_id)
+            except ProviderResponseError:
+                self.metrics.observe("invalid_response", duration_s)
+                raise
+            self.metrics.observe("ok", duration_s)
+            return payment
+        if status == 429 or status >= 500:
+            outcome = "rate_limited" if status == 429 else "server_error"
+            self.metrics.observe(outcome, duration_s)
+            wait_s = parse_retry_after(retry_after, datetime.now(UTC))
+            return _Failure(outcome, f"HTTP {status}", retry_after_s=wait_s)
+        if status in (401, 403):
+            self.metrics.observe("unauthorized", duration_s)
+            raise ProviderAuthError(
+                f"provider refused our credentials (HTTP {status}): check XHUB_API_KEY"
+            )
+        if status == 404:
+            self.metrics.observe("not_found", duration_s)
+            raise PaymentNotFoundError(payment_id)
+        self.metrics.observe("unexpected_status", duration_s)
+        raise ProviderResponseError(
+            f"provider answered HTTP {status} for payment {payment_id!r}; expected 200"
+        )
+
+
+def _parse_payment(body: bytes, payment_id: str) -> ProviderPayment:
+    def bad(why: str) -> ProviderResponseError:
+        return ProviderResponseError(f"provider answer for payment {payment_id!r} {why}")
+
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise bad("is not JSON") from None
+    if not isinstance(data, dict):
+        raise bad("is not a JSON object")
+    missing = [
+        key
+        for key in ("payment_id", "status", "amount", "currency", "updated_at")
+        if key not in data
+    ]
+    if missing:
+        raise bad(f"lacks {', '.join(missing)}")
+    if data["payment_id"] != payment_id:
+        raise bad("names another payment")
+    for key in ("status", "currency", "updated_at"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise bad(f"has no usable {key}")
+    raw_amount = data["amount"]
+    if isinstance(raw_amount, bool) or not isinstance(raw_amount, str | int | float):
+        raise bad("has a non-numeric amount")
+    try:
+        amount = Decimal(str(raw_amount))
+    except InvalidOperation:
+        raise bad("has a non-numeric amount") from None
+    if not amount.is_finite():
+        raise bad("has a non-numeric amount")
+    try:
+        updated_at = datetime.fromisoformat(data["updated_at"])
+    except ValueError:
+        raise bad("has an updated_at that is not ISO 8601") from None
+    if updated_at.tzinfo is None:
+        raise bad("has an updated_at without a timezone")
+    return ProviderPayment(
+        payment_id=payment_id,
+        status=data["status"],
+        amount=amount,
+        currency=data["currency"],
+        updated_at=updated_at,
+    )
