@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from email.message import EmailMessage
+from email.message import Message
 from typing import Protocol
 
 import aiosmtplib
@@ -19,7 +19,7 @@ SMTP_TIMEOUT_S = 10.0
 
 
 class Sender(Protocol):
-    async def send(self, message: EmailMessage) -> None: ...
+    async def send(self, message: Message) -> None: ...
 
 
 class SmtpUnavailableError(TransientError):
@@ -44,7 +44,7 @@ class SmtpSender:
                 aiosmtplib.SMTP(hostname=host, port=port, timeout=timeout_s, start_tls=False)
             )
 
-    async def send(self, message: EmailMessage) -> None:
+    async def send(self, message: Message) -> None:
         client = await self._idle.get()
         try:
             try:
