@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 
-.PHONY: help install run migrate test lint bench clean
+.PHONY: help install run migrate test lint bench bench-workers clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
@@ -11,6 +11,7 @@ help:
 	@echo "make test     - ruff format --check, ruff check, mypy, pytest (what CI runs)"
 	@echo "make lint     - ruff and mypy only"
 	@echo "make bench    - ingest benchmark: batched accept path vs the naive baseline"
+	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 
 $(BIN)/payhooks: pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,6 +46,9 @@ test: lint
 
 bench: migrate
 	$(PY) -m bench.ingest
+
+bench-workers: install
+	$(PY) -m bench.workers
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
