@@ -24,17 +24,12 @@ install: $(BIN)/payhooks
 migrate: install
 	$(BIN)/payhooks migrate
 
-# The whole system on one machine, one process per service, stopped together by Ctrl-C.
-# Dev secret and admin token when none are configured: never use them outside your machine.
-# The SMTP sink (aiosmtpd, printing each mail) stands in for a mail server on SMTP_PORT 1025.
-SERVICES := ingest orders bonuses email api
-run: migrate
-	@echo "ingest :8080 (secret $${XHUB_WEBHOOK_SECRETS:-dev-secret}), api :8081 (token $${ADMIN_TOKEN:-dev-admin-token}), workers :9101-9103, SMTP sink :1025"
-	@export XHUB_WEBHOOK_SECRETS=$${XHUB_WEBHOOK_SECRETS:-dev-secret} ADMIN_TOKEN=$${ADMIN_TOKEN:-dev-admin-token}; \
-	trap 'kill $$(jobs -p) 2>/dev/null; wait' INT TERM EXIT; \
-	$(PY) -m aiosmtpd -n -l 127.0.0.1:$${SMTP_PORT:-1025} -c aiosmtpd.handlers.Debugging & \
-	for service in $(SERVICES); do $(BIN)/payhooks run $$service & done; \
-	wait
+# The whole system on one machine: `payhooks run all` (one process per service, prefixed
+# logs, restarts, Ctrl-C stops all, a dev SMTP sink on :1025). Dev secret and admin token
+# when none are configured: never use them outside your machine.
+run: install
+	XHUB_WEBHOOK_SECRETS=$${XHUB_WEBHOOK_SECRETS:-dev-secret} ADMIN_TOKEN=$${ADMIN_TOKEN:-dev-admin-token} \
+	$(BIN)/payhooks run all
 
 lint: install
 	$(BIN)/ruff format --check .

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from shared import dlq, operator
+from shared import dlq, operator, supervisor
 from shared.config import ConfigError, Settings
 from shared.dlq import QUEUES
 from shared.logs import configure_logging
@@ -30,8 +30,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="payhooks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run one service in the foreground")
-    run.add_argument("service", choices=SERVICES)
+    run = commands.add_parser(
+        "run", help="run one service in the foreground, or `all` of them as separate processes"
+    )
+    run.add_argument("service", choices=(*SERVICES, "all"))
     commands.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
 
     order = commands.add_parser("order", help="shop orders").add_subparsers(
@@ -105,6 +107,14 @@ def _settings(required: Sequence[str] = ()) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "run" and args.service == "all":
+        settings = _settings()  # every variable checked once, before anything starts
+        try:
+            asyncio.run(migrate(settings.database_url))
+        except OSError as e:
+            print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
+            sys.exit(operator.EXIT_UNREACHABLE)
+        sys.exit(supervisor.main())
     if args.command == "run":
         # Imported by name so shared/ never imports services/ at module level.
         module = importlib.import_module(f"services.{args.service}.app")

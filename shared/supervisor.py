@@ -1,0 +1,151 @@
+"""`payhooks run all`: every service as its own process on one machine.
+
+Migrates first, then starts ingest, orders, bonuses, email and api (and a development SMTP
+sink when nothing listens on SMTP_HOST:SMTP_PORT locally), prefixes each line of their output
+with a coloured service name, restarts a service that exits with a growing backoff, and on
+Ctrl-C / SIGTERM stops them all (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+SERVICES = ("ingest", "orders", "bonuses", "email", "api")
+_COLOURS = ("36", "33", "35", "32", "34", "31")
+_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+# A run this long counts as healthy again: the next crash starts the backoff from the top.
+_STABLE_AFTER_S = 60.0
+_STOP_GRACE_S = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    name: str
+    argv: tuple[str, ...]
+
+
+def programs(env: Mapping[str, str]) -> list[Program]:
+    payhooks = (sys.executable, "-c", "from shared.cli import main; main()")
+    found = [Program(name, (*payhooks, "run", name)) for name in SERVICES]
+    if _wants_dev_smtp(env):
+        port = env.get("SMTP_PORT", "1025")
+        found.append(
+            Program(
+                "smtp",
+                (
+                    sys.executable,
+                    "-m",
+                    "aiosmtpd",
+                    "-n",
+                    "-l",
+                    f"127.0.0.1:{port}",
+                    "-c",
+                    "aiosmtpd.handlers.Debugging",
+                ),
+            )
+        )
+    return found
+
+
+def _wants_dev_smtp(env: Mapping[str, str]) -> bool:
+    """A local SMTP sink only when SMTP points at this machine, nothing listens there, and
+    aiosmtpd is installed (the dev dependencies)."""
+    if env.get("SMTP_HOST", "127.0.0.1") not in ("127.0.0.1", "localhost"):
+        return False
+    try:
+        import aiosmtpd  # noqa: F401  (only checking that it is installed)
+    except ImportError:
+        return False
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", int(env.get("SMTP_PORT", "1025")))) != 0
+
+
+def dev_environment(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment for the children; generated secrets for what is missing (announced
+    once, never logged by the services)."""
+    child = dict(env)
+    announced = []
+    for name in ("XHUB_WEBHOOK_SECRETS", "ADMIN_TOKEN"):
+        if not child.get(name, "").strip():
+            child[name] = secrets.token_urlsafe(24)
+            announced.append(f"{name}={child[name]}")
+    return child, announced
+
+
+async def _pump(stream: asyncio.StreamReader, label: str) -> None:
+    while line := await stream.readline():
+        sys.stdout.write(f"{label} {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+async def _keep_running(
+    program: Program, colour: str, env: Mapping[str, str], stopping: asyncio.Event
+) -> None:
+    label = (
+        f"\033[{colour}m{program.name:>8} |\033[0m"
+        if sys.stdout.isatty()
+        else (f"{program.name:>8} |")
+    )
+    failures = 0
+    while not stopping.is_set():
+        started = asyncio.get_running_loop().time()
+        process = await asyncio.create_subprocess_exec(
+            *program.argv,
+            env=dict(env),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops the children
+        )
+        assert process.stdout is not None  # we asked for a pipe
+        pump = asyncio.create_task(_pump(process.stdout, label))
+        waiter = asyncio.create_task(process.wait())
+        stop = asyncio.create_task(stopping.wait())
+        await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if stopping.is_set() and process.returncode is None:
+            process.terminate()
+            try:
+                async with asyncio.timeout(_STOP_GRACE_S):
+                    await waiter
+            except TimeoutError:
+                process.kill()
+                await waiter
+        stop.cancel()
+        await pump
+        if stopping.is_set():
+            return
+        ran_s = asyncio.get_running_loop().time() - started
+        failures = 0 if ran_s > _STABLE_AFTER_S else failures + 1
+        delay = _BACKOFF_S[min(failures, len(_BACKOFF_S)) - 1] if failures else _BACKOFF_S[0]
+        print(f"{label} exited with {process.returncode}; restarting in {delay:.0f}s", flush=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await stopping.wait()
+
+
+async def run_all(env: Mapping[str, str], announce: Sequence[str] = ()) -> int:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    for line in announce:
+        print(f"payhooks: generated for this run (dev only): {line}", flush=True)
+    found = programs(env)
+    print("payhooks: starting " + ", ".join(p.name for p in found), flush=True)
+    await asyncio.gather(
+        *(_keep_running(p, _COLOURS[i % len(_COLOURS)], env, stopping) for i, p in enumerate(found))
+    )
+    print("payhooks: all services stopped", flush=True)
+    return 0
+
+
+def main(env: Mapping[str, str] | None = None) -> int:
+    child, announce = dev_environment(os.environ if env is None else env)
+    return asyncio.run(run_all(child, announce))

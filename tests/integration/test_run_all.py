@@ -1,0 +1,93 @@
+"""`payhooks run all`: every service as its own process, restarted when it dies, all stopped
+together on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import aiohttp
+
+from shared.config import Settings
+from tests.helpers import eventually
+from tests.processes import free_port, payhooks_command
+
+PORTS = ("INGEST_PORT", "API_PORT", "ORDERS_PORT", "BONUSES_PORT", "EMAIL_PORT", "SMTP_PORT")
+
+
+async def ready(session: aiohttp.ClientSession, port: int) -> int:
+    try:
+        async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+            return response.status
+    except aiohttp.ClientError:
+        return 0
+
+
+def cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+async def test_run_all_starts_every_service_restarts_a_dead_one_and_stops_them_all(
+    settings: Settings, amqp: object, db: object
+) -> None:
+    ports = {name: free_port() for name in PORTS}
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": settings.database_url,
+        "AMQP_URL": settings.amqp_url,
+        "AMQP_PREFIX": settings.amqp_prefix,
+        "LOG_LEVEL": "WARNING",
+        **{name: str(port) for name, port in ports.items()},
+    }
+    process = await asyncio.create_subprocess_exec(
+        *payhooks_command(),
+        "run",
+        "all",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            services = [p for name, p in ports.items() if name != "SMTP_PORT"]
+            for port in services:
+                await eventually(
+                    lambda port=port: ready(session, port), lambda s: s == 200, timeout_s=30
+                )
+            assert len(children_of(process.pid)) == 6  # five services and the SMTP sink
+
+            # Kill one service the hard way: the supervisor brings it back.
+            victim = next(pid for pid in children_of(process.pid) if "orders" in cmdline(pid))
+            os.kill(victim, signal.SIGKILL)
+            await eventually(
+                lambda: ready(session, ports["ORDERS_PORT"]), lambda s: s == 0, timeout_s=10
+            )
+            await eventually(
+                lambda: ready(session, ports["ORDERS_PORT"]), lambda s: s == 200, timeout_s=30
+            )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(40):
+            output, _ = await process.communicate()
+    text = output.decode(errors="replace")
+    assert process.returncode == 0, text[-2000:]
+    assert "generated for this run (dev only): XHUB_WEBHOOK_SECRETS=" in text
+    assert "orders | " in text or "exited with -9" in text
+    assert "exited with -9; restarting" in text
+    assert children_of(process.pid) == []
