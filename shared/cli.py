@@ -20,7 +20,7 @@ from shared.dlq import QUEUES
 from shared.logs import configure_logging
 from shared.migrate import migrate
 
-SERVICES = ("ingest", "orders", "bonuses", "email", "api")
+SERVICES = ("ingest", "orders", "bonuses", "email", "api", "reconciler")
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 

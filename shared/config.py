@@ -35,6 +35,7 @@ class Settings:
     reconcile_interval_s: float
     reconcile_after_s: float
     admin_token: str | None = field(repr=False)
+    retention_days: int
     ingest_port: int
     api_port: int
     orders_port: int
@@ -75,6 +76,7 @@ class Settings:
             "reconcile_interval_s": reader.parse("RECONCILE_INTERVAL", 60.0, _positive_float),
             "reconcile_after_s": reader.parse("RECONCILE_AFTER", 900.0, _positive_float),
             "admin_token": reader.optional("ADMIN_TOKEN"),
+            "retention_days": reader.parse("RETENTION_DAYS", 35, _positive_int),
             "ingest_port": reader.parse("INGEST_PORT", 8080, _port),
             "api_port": reader.parse("API_PORT", 8081, _port),
             "orders_port": reader.parse("ORDERS_PORT", 9101, _port),

@@ -418,3 +418,43 @@ async def backlog(conn: Executor) -> tuple[int, int]:
     inbox = await conn.fetchval("SELECT count(*) FROM inbox WHERE published_at IS NULL")
     outbox = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
     return int(inbox), int(outbox)
+
+
+# --- reconciliation and housekeeping -------------------------------------------------------
+
+
+_CLAIM_STALE = """
+UPDATE orders SET reconciled_at = now()
+WHERE payment_id IN (
+    SELECT payment_id FROM orders
+    WHERE status IN ('PENDING', 'AMOUNT_MISMATCH')
+      AND updated_at < now() - make_interval(secs => $1)
+      AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $2))
+    ORDER BY updated_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, refund_ids
+"""
+
+
+async def claim_stale_orders(
+    conn: Executor, after_s: float, again_after_s: float, limit: int
+) -> list[asyncpg.Record]:
+    """Orders still undecided after `after_s`, not asked about in the last `again_after_s`;
+    marked as asked in the same statement, so other reconcilers skip them."""
+    return await conn.fetch(_CLAIM_STALE, after_s, again_after_s, limit)
+
+
+async def delete_old(conn: Executor, table: str, retention_s: float, limit: int) -> int:
+    """Delete up to `limit` rows past the retention; never an unpublished inbox/outbox row."""
+    statements = {
+        "inbox": "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE received_at <"
+        " now() - make_interval(secs => $1) AND published_at IS NOT NULL LIMIT $2)",
+        "outbox": "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE created_at <"
+        " now() - make_interval(secs => $1) AND published_at IS NOT NULL LIMIT $2)",
+        "processed_events": "DELETE FROM processed_events WHERE (worker, event_id) IN (SELECT"
+        " worker, event_id FROM processed_events WHERE processed_at <"
+        " now() - make_interval(secs => $1) LIMIT $2)",
+    }
+    result = await conn.execute(statements[table], retention_s, limit)
+    return int(result.split()[-1])

@@ -34,7 +34,12 @@ class Program:
 
 def programs(env: Mapping[str, str]) -> list[Program]:
     payhooks = (sys.executable, "-c", "from shared.cli import main; main()")
-    found = [Program(name, (*payhooks, "run", name)) for name in SERVICES]
+    names = list(SERVICES)
+    # The reconciler needs the provider's API; without one configured (local development)
+    # it is left out rather than restarted for ever on its configuration error.
+    if env.get("XHUB_API_URL") and env.get("XHUB_API_KEY"):
+        names.append("reconciler")
+    found = [Program(name, (*payhooks, "run", name)) for name in names]
     if _wants_dev_smtp(env):
         port = env.get("SMTP_PORT", "1025")
         found.append(

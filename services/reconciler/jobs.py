@@ -1,0 +1,183 @@
+"""One reconciliation pass and one housekeeping pass (the reconciler's loop runs both).
+
+Webhooks are the fast path, not the source of truth. Orders still undecided some time after
+their last change are checked against the provider's API; where the provider knows more, a
+synthetic `payment.status_changed` (marked `"source": "reconciliation"`, with the provider's
+`updated_at`) goes through the orders queue, so the same state machine, idempotency keys and
+effects apply, and a late real webhook changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import orjson
+import structlog
+from prometheus_client import CollectorRegistry, Counter
+
+from services.orders.domain import OrderState, OrderStatus, ProviderEvent, decide
+from shared import queries
+from shared.broker import Broker, Outgoing
+from shared.errors import PermanentError, TransientError
+from shared.provider import PaymentNotFoundError, ProviderClient, ProviderPayment
+
+log = structlog.get_logger(__name__)
+
+BATCH = 100
+_HOUSEKEEPING_BATCH = 1000
+_PUBLISH_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerMetrics:
+    repairs: Counter
+    checked: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
+        return cls(
+            repairs=Counter(
+                "payhooks_reconcile_repairs",
+                "Orders moved by a synthetic event after asking the provider, by transition.",
+                ["from", "to"],
+                registry=registry,
+            ),
+            checked=Counter(
+                "payhooks_reconcile_checked",
+                "Stale orders checked against the provider, by result.",
+                ["result"],
+                registry=registry,
+            ),
+        )
+
+
+def synthetic_event(payment: ProviderPayment) -> tuple[str, bytes]:
+    """The event id and body of the provider's current status as a webhook would carry it.
+
+    The id is deterministic: asking twice about an unchanged payment yields the same event,
+    which the orders worker's processed_events key applies once.
+    """
+    at = payment.updated_at.astimezone(UTC).isoformat()
+    event_id = f"reconcile:{payment.payment_id}:{payment.status}:{at}"
+    body = orjson.dumps(
+        {
+            "event": "payment.status_changed",
+            "payment_id": payment.payment_id,
+            "status": payment.status,
+            "amount": f"{payment.amount:.2f}",
+            "currency": payment.currency,
+            "created_at": at,
+            "source": "reconciliation",
+        }
+    )
+    return event_id, body
+
+
+async def reconcile_once(
+    pool: asyncpg.Pool[Any],
+    broker: Broker,
+    client: ProviderClient,
+    metrics: ReconcilerMetrics,
+    *,
+    after_s: float,
+    again_after_s: float,
+) -> int:
+    """Check one batch of stale orders; return how many were checked (a full batch means
+    there may be more waiting)."""
+    rows = await queries.claim_stale_orders(pool, after_s, again_after_s, BATCH)
+    for row in rows:
+        payment_id = row["payment_id"]
+        try:
+            payment = await client.get_payment(payment_id)
+        except PaymentNotFoundError:
+            metrics.checked.labels(result="not_found").inc()
+            log.warning("reconcile.unknown_to_provider", payment_id=payment_id)
+            continue
+        except (PermanentError, TransientError) as e:
+            metrics.checked.labels(result="provider_error").inc()
+            log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
+            continue
+        state = OrderState(
+            status=OrderStatus(row["status"]),
+            amount=row["amount"],
+            currency=row["currency"],
+            refunded_amount=row["refunded_amount"],
+            refunded_at=row["refunded_at"],
+            refund_ids=frozenset(row["refund_ids"]),
+        )
+        try:
+            event = ProviderEvent(
+                event_type="payment.status_changed",
+                status=payment.status,
+                payment_id=payment_id,
+                amount=payment.amount,
+                currency=payment.currency,
+                occurred_at=payment.updated_at,
+            )
+        except PermanentError as e:
+            metrics.checked.labels(result="provider_error").inc()
+            log.warning("reconcile.unusable_answer", payment_id=payment_id, error=str(e))
+            continue
+        decision = decide(state, event)
+        if not decision.events:
+            metrics.checked.labels(result="in_sync").inc()
+            continue
+        event_id, body = synthetic_event(payment)
+        [error] = await broker.publish_many(
+            [
+                Outgoing(
+                    "payment.status_changed",
+                    body,
+                    event_id,
+                    "payment.status_changed",
+                    {"provider": "xhub", "source": "reconciliation"},
+                )
+            ],
+            _PUBLISH_TIMEOUT_S,
+        )
+        if error is not None:
+            # The order keeps its reconciled_at; it is asked about again next interval.
+            metrics.checked.labels(result="publish_failed").inc()
+            log.warning("reconcile.publish_failed", payment_id=payment_id, error=repr(error))
+            continue
+        transition = decision.events[-1]
+        metrics.checked.labels(result="repaired").inc()
+        metrics.repairs.labels(
+            **{"from": state.status.value, "to": transition.to_status.value}
+        ).inc()
+        log.info(
+            "reconcile.repaired",  # counted in payhooks_reconcile_repairs_total
+            payment_id=payment_id,
+            from_status=state.status.value,
+            to_status=transition.to_status.value,
+            provider_status=payment.status,
+            event_id=event_id,
+        )
+    return len(rows)
+
+
+async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dict[str, int]:
+    """Delete rows past the retention in small batches (short locks, no long transaction)."""
+    retention_s = retention_days * 86_400.0
+    deleted = {}
+    started = time.monotonic()
+    for table in ("inbox", "outbox", "processed_events"):
+        total = 0
+        while True:
+            count = await queries.delete_old(pool, table, retention_s, _HOUSEKEEPING_BATCH)
+            total += count
+            if count < _HOUSEKEEPING_BATCH or time.monotonic() - started > 30:
+                break
+        deleted[table] = total
+    if any(deleted.values()):
+        log.info(
+            "housekeeping.deleted",
+            **deleted,
+            retention_days=retention_days,
+            at=datetime.now(UTC).isoformat(),
+        )
+    return deleted
