@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     purge.add_argument("--yes", action="store_true", help="really delete them")
     purge.add_argument("--json", action="store_true")
     purge.set_defaults(handler=operator.dlq_purge)
+
+    sim = commands.add_parser("sim", help="X-Hub simulator: fake payments API + signed webhooks")
+    # Imported by name, like the services: shared/ never imports services/ at module level.
+    sim_module = importlib.import_module("services.sim.run")
+    sim_module.add_arguments(sim)
+    sim.set_defaults(handler=sim_module.command)
     return parser
 
 

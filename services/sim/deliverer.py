@@ -1,0 +1,206 @@
+"""The simulator's deliverer: signs webhooks and POSTs them to an ingest URL the way X-Hub does.
+
+Every decision comes from `delivery_rules`: the fast ladder (5xx/429/network/timeout), the slow
+ladder (other 4xx on money events), immediate FAILED for a non-money 4xx, the per-merchant
+circuit breaker. The rules run on a simulated clock, `(real seconds since start) * time_scale`,
+so every pause (ladders, breaker holds) lasts `delay / time_scale` real seconds. The per-attempt
+HTTP timeout (10 s) is real time: it bounds a real request, and is not scaled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+import aiohttp
+import orjson
+
+from services.ingest.signatures import sign
+from services.sim.delivery_rules import (
+    HOLD_RETRY_S,
+    Action,
+    CircuitBreaker,
+    DeliveryState,
+    FailReason,
+    classify,
+    expired,
+    is_money_event,
+    next_action,
+)
+
+TIMEOUT_S: Final = 10.0
+WEBHOOK_PATH: Final = "/webhooks/xhub"
+
+
+class Result(StrEnum):
+    DELIVERED = "DELIVERED"
+    FAILED = "FAILED"
+    LOST = "LOST"  # never sent on purpose: only the API knows (scenario's lost rate)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Webhook:
+    """One event as X-Hub sends it: the id stays the same across attempts and duplicates."""
+
+    event_id: str
+    merchant_id: str
+    payload: dict[str, Any]
+
+    @property
+    def event_type(self) -> str:
+        return str(self.payload.get("event", ""))
+
+    @property
+    def status(self) -> str | None:
+        status = self.payload.get("status")
+        return str(status) if status is not None else None
+
+    @property
+    def payment_id(self) -> str:
+        return str(self.payload.get("payment_id", ""))
+
+
+@dataclass(slots=True, kw_only=True)
+class DeliveryRecord:
+    """What happened to one delivery (a duplicate is its own delivery of the same event id)."""
+
+    event_id: str
+    payment_id: str
+    merchant_id: str
+    event_type: str
+    status: str | None
+    copy: int = 0  # 0 the original, 1.. duplicates
+    result: Result | None = None
+    attempts: int = 0
+    reason: FailReason | None = None
+    http_statuses: list[int | None] = field(default_factory=list)  # None: network/timeout
+    breaker_holds: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "payment_id": self.payment_id,
+            "merchant_id": self.merchant_id,
+            "event": self.event_type,
+            "status": self.status,
+            "copy": self.copy,
+            "result": self.result.value if self.result else None,
+            "attempts": self.attempts,
+            "reason": self.reason.value if self.reason else None,
+            "http_statuses": self.http_statuses,
+            "breaker_holds": self.breaker_holds,
+        }
+
+
+class Deliverer:
+    """Delivers webhooks concurrently (at most `concurrency` requests in flight)."""
+
+    def __init__(
+        self,
+        ingest_url: str,
+        secret: bytes,
+        *,
+        time_scale: float = 1.0,
+        timeout_s: float = TIMEOUT_S,
+        concurrency: int = 10,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be greater than 0")
+        if concurrency < 1:
+            raise ValueError("concurrency must be 1 or more")
+        self.url = ingest_url.rstrip("/") + WEBHOOK_PATH
+        self.secret = secret
+        self.time_scale = time_scale
+        self.timeout_s = timeout_s
+        self.breakers: dict[str, CircuitBreaker] = {}
+        self._wall_clock = wall_clock
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._start = time.monotonic()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Deliverer:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            connector=aiohttp.TCPConnector(limit=0),
+        )
+        self._start = time.monotonic()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def now(self) -> float:
+        """The simulated clock the rules see, in seconds."""
+        return (time.monotonic() - self._start) * self.time_scale
+
+    async def _sleep_until(self, at: float) -> None:
+        await asyncio.sleep(max(0.0, (at - self.now()) / self.time_scale))
+
+    def breaker(self, merchant_id: str) -> CircuitBreaker:
+        return self.breakers.setdefault(merchant_id, CircuitBreaker())
+
+    async def deliver(self, webhook: Webhook, copy: int = 0) -> DeliveryRecord:
+        """Run one delivery to its end (DELIVERED or FAILED), as long as that takes."""
+        record = DeliveryRecord(
+            event_id=webhook.event_id,
+            payment_id=webhook.payment_id,
+            merchant_id=webhook.merchant_id,
+            event_type=webhook.event_type,
+            status=webhook.status,
+            copy=copy,
+        )
+        body = orjson.dumps(webhook.payload)
+        state = DeliveryState(
+            created_at=self.now(), money=is_money_event(webhook.event_type, webhook.status)
+        )
+        breaker = self.breaker(webhook.merchant_id)
+        while True:
+            if not breaker.allow(self.now()):
+                record.breaker_holds += 1
+                await self._sleep_until(self.now() + HOLD_RETRY_S)
+                reason = expired(state, self.now())
+                if reason is not None:
+                    record.result, record.reason = Result.FAILED, reason
+                    return record
+                continue
+            code = await self._attempt(webhook.event_id, body)
+            record.http_statuses.append(code)
+            outcome = classify(code)
+            breaker.record(self.now(), outcome)
+            decision = next_action(state, outcome, self.now())
+            state = decision.state
+            record.attempts = state.attempts
+            if decision.action is Action.DELIVERED:
+                record.result = Result.DELIVERED
+                return record
+            if decision.action is Action.FAILED:
+                record.result, record.reason = Result.FAILED, decision.reason
+                return record
+            assert decision.at is not None
+            await self._sleep_until(decision.at)
+
+    async def _attempt(self, event_id: str, body: bytes) -> int | None:
+        """One signed POST; its HTTP status, or None for a network error or timeout."""
+        if self._session is None:
+            raise RuntimeError("use the Deliverer as an async context manager")
+        timestamp = str(int(self._wall_clock()))
+        headers = {
+            "X-Webhook-Id": event_id,
+            "X-Webhook-Timestamp": timestamp,
+            "X-Webhook-Signature": sign(self.secret, timestamp, body),
+            "Content-Type": "application/json",
+        }
+        async with self._semaphore:
+            try:
+                async with self._session.post(self.url, data=body, headers=headers) as response:
+                    await response.read()
+                    return response.status
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return None

@@ -1,0 +1,129 @@
+"""`payhooks sim` / `python -m services.sim`: run a scenario against a running payhooks.
+
+Serves the fake payments API (for the reconciler: point XHUB_API_URL at it, same XHUB_API_KEY),
+registers the scenario's orders in DATABASE_URL, delivers the webhooks signed with the first
+XHUB_WEBHOOK_SECRETS secret to --ingest-url, prints the summary, then keeps the API up for
+--linger seconds so reconciliation can repair the lost payments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+
+import orjson
+
+from services.sim import scenario
+from services.sim.api import PaymentBook, start_api
+from services.sim.deliverer import TIMEOUT_S, Deliverer
+from services.sim.summary import summarize
+from shared.config import ConfigError, Settings
+from shared.db import create_pool
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # some delivery ended FAILED
+EXIT_USAGE = 2
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text + "\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ingest-url", default=None, help="default http://127.0.0.1:INGEST_PORT")
+    parser.add_argument("--api-host", default="127.0.0.1")
+    parser.add_argument("--api-port", type=int, default=8090, help="fake payments API port")
+    parser.add_argument("--payments", type=int, default=100)
+    parser.add_argument("--duplicates", type=float, default=0.1, help="duplicate rate 0-1")
+    parser.add_argument("--reorder", type=float, default=0.2, help="reorder rate 0-1")
+    parser.add_argument("--lost", type=float, default=0.05, help="lost-webhook rate 0-1")
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--merchants", type=int, default=3)
+    parser.add_argument(
+        "--flows", type=_flows, default=None, help="weights, e.g. paid=2,settled=1,refunded=1"
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--time-scale", type=float, default=1.0, help="divides every delay")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="per-attempt seconds")
+    parser.add_argument("--linger", type=float, default=0.0, help="keep the API up N seconds")
+    parser.add_argument("--json", action="store_true")
+
+
+def _flows(raw: str) -> dict[str, float]:
+    try:
+        pairs = [part.split("=", 1) for part in raw.split(",") if part.strip()]
+        return {name.strip(): float(weight) for name, weight in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError("must look like paid=2,settled=1,expired=1") from None
+
+
+async def command(settings: Settings, args: argparse.Namespace) -> int:
+    """The `payhooks sim` handler (shared.cli's Command signature)."""
+    if not settings.webhook_secrets or not settings.xhub_api_key:
+        _err("payhooks sim: XHUB_WEBHOOK_SECRETS and XHUB_API_KEY are required")
+        return EXIT_USAGE
+    try:
+        config = scenario.ScenarioConfig(
+            payments=args.payments,
+            duplicate_rate=args.duplicates,
+            reorder_rate=args.reorder,
+            lost_rate=args.lost,
+            concurrency=args.concurrency,
+            merchants=args.merchants,
+            seed=args.seed,
+            prefix=f"sim{int(time.time())}",  # a re-run (even with --seed) gets fresh ids
+            **({"flows": args.flows} if args.flows else {}),
+        )
+    except ValueError as e:
+        _err(f"payhooks sim: {e}")
+        return EXIT_USAGE
+    ingest_url = args.ingest_url or f"http://127.0.0.1:{settings.ingest_port}"
+    plan = scenario.generate(config)
+    book = PaymentBook()
+    scenario.publish_to_api(plan, book)
+    runner, api_url = await start_api(book, settings.xhub_api_key, args.api_host, args.api_port)
+    try:
+        _err(f"payhooks sim: payments API at {api_url}")
+        pool = await create_pool(settings.database_url)
+        try:
+            await scenario.register_orders(pool, plan.payments)
+        finally:
+            await pool.close()
+        async with Deliverer(
+            ingest_url,
+            settings.webhook_secrets[0],
+            time_scale=args.time_scale,
+            timeout_s=args.timeout,
+            concurrency=config.concurrency,
+        ) as deliverer:
+            records = await scenario.deliver(plan, deliverer)
+        summary = summarize(records, plan.payments, settings.bonus_points)
+        if args.json:
+            _out(orjson.dumps(summary.as_json(), option=orjson.OPT_INDENT_2).decode())
+        else:
+            _out(summary.render())
+        if args.linger > 0:
+            _err(f"payhooks sim: API up for {args.linger:g} s more")
+            await asyncio.sleep(args.linger)
+    finally:
+        await runner.cleanup()
+    return EXIT_FAILED if summary.counts().get("FAILED", 0) else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.sim", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as e:
+        _err(f"payhooks sim: {e}")
+        sys.exit(EXIT_USAGE)
+    sys.exit(asyncio.run(command(settings, args)))

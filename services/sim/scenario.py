@@ -1,0 +1,231 @@
+"""Scenario generator and runner: N payments with a mix of flows, sent as X-Hub would.
+
+Flows (payment.status_changed statuses, in provider time order):
+  paid      paid
+  settled   paid -> settled
+  refunded  paid -> refunded
+  expired   expired
+Knobs: duplicate rate (an event is sent again, same X-Webhook-Id, later in the stream),
+reorder rate (a payment's events are sent newest first), concurrency (requests in flight) and
+lost rate (the API knows the payment's final status, but none of its webhooks is ever sent, so
+only reconciliation can bring the order there).
+
+Orders are registered straight in PostgreSQL with `shared.queries.register_order` (the same
+idempotent insert `payhooks order add` and POST /api/orders use), before any webhook is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any, Final
+
+from services.sim.api import PaymentBook
+from services.sim.deliverer import Deliverer, DeliveryRecord, Result, Webhook
+from shared import queries
+
+FLOWS: Final[Mapping[str, tuple[str, ...]]] = {
+    "paid": ("paid",),
+    "settled": ("paid", "settled"),
+    "refunded": ("paid", "refunded"),
+    "expired": ("expired",),
+}
+EVENT: Final = "payment.status_changed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScenarioConfig:
+    payments: int = 100
+    flows: Mapping[str, float] = field(default_factory=lambda: dict.fromkeys(FLOWS, 1.0))
+    duplicate_rate: float = 0.1
+    reorder_rate: float = 0.2
+    lost_rate: float = 0.05
+    concurrency: int = 10
+    merchants: int = 3
+    amount: Decimal = Decimal("100.00")
+    currency: str = "USD"
+    seed: int | None = None
+    prefix: str = "sim"  # payment ids are f"{prefix}_{run}_{n}"
+
+    def __post_init__(self) -> None:
+        for name in ("duplicate_rate", "reorder_rate", "lost_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1")
+        if self.payments < 0 or self.concurrency < 1 or self.merchants < 1:
+            raise ValueError("payments >= 0, concurrency >= 1 and merchants >= 1 are required")
+        unknown = set(self.flows) - set(FLOWS)
+        if unknown or not any(w > 0 for w in self.flows.values()):
+            raise ValueError(f"flows must weigh some of {sorted(FLOWS)}; unknown: {unknown}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimPayment:
+    payment_id: str
+    order_id: str
+    user_id: str
+    email: str
+    merchant_id: str
+    amount: Decimal
+    currency: str
+    flow: str
+    statuses: tuple[str, ...]  # in provider time order
+    events: tuple[Webhook, ...]  # one per status, same order
+    lost: bool
+    reordered: bool
+
+    @property
+    def final_status(self) -> str:
+        return self.statuses[-1]
+
+    @property
+    def updated_at(self) -> datetime:
+        return datetime.fromisoformat(str(self.events[-1].payload["created_at"]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    payments: tuple[SimPayment, ...]
+    sends: tuple[tuple[Webhook, int], ...]  # (webhook, copy number) in send order
+
+
+def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
+    """Pure: the payments and the order their webhooks are sent in (same seed, same plan)."""
+    rng = random.Random(config.seed)
+    run = f"{rng.getrandbits(32):08x}"
+    start = now or datetime.now(UTC)
+    names = [name for name, weight in config.flows.items() if weight > 0]
+    weights = [config.flows[name] for name in names]
+    payments: list[SimPayment] = []
+    streams: list[list[Webhook]] = []
+    for n in range(config.payments):
+        flow = rng.choices(names, weights)[0]
+        payment_id = f"{config.prefix}_{run}_{n:05d}"
+        merchant_id = f"merchant_{n % config.merchants}"
+        statuses = FLOWS[flow]
+        events = tuple(
+            Webhook(
+                event_id=f"evt_{payment_id}_{i}_{status}",
+                merchant_id=merchant_id,
+                payload={
+                    "event": EVENT,
+                    "payment_id": payment_id,
+                    "external_id": f"ord_{payment_id}",
+                    "status": status,
+                    "amount": f"{config.amount:.2f}",
+                    "currency": config.currency,
+                    "created_at": (start + timedelta(seconds=i + 1)).isoformat(),
+                },
+            )
+            for i, status in enumerate(statuses)
+        )
+        lost = rng.random() < config.lost_rate
+        reordered = len(events) > 1 and rng.random() < config.reorder_rate
+        payments.append(
+            SimPayment(
+                payment_id=payment_id,
+                order_id=f"ord_{payment_id}",
+                user_id=f"user_{payment_id}",
+                email=f"{payment_id}@customer.test",
+                merchant_id=merchant_id,
+                amount=config.amount,
+                currency=config.currency,
+                flow=flow,
+                statuses=statuses,
+                events=events,
+                lost=lost,
+                reordered=reordered,
+            )
+        )
+        if not lost:
+            streams.append(list(reversed(events)) if reordered else list(events))
+    sends = _interleave(rng, streams)
+    return Plan(payments=tuple(payments), sends=_with_duplicates(rng, sends, config))
+
+
+def _interleave(rng: random.Random, streams: list[list[Webhook]]) -> list[Webhook]:
+    """Merge the payments' streams at random, keeping each stream's own order."""
+    pending = [list(reversed(s)) for s in streams if s]
+    merged: list[Webhook] = []
+    while pending:
+        i = rng.randrange(len(pending))
+        merged.append(pending[i].pop())
+        if not pending[i]:
+            pending[i] = pending[-1]
+            pending.pop()
+    return merged
+
+
+def _with_duplicates(
+    rng: random.Random, sends: list[Webhook], config: ScenarioConfig
+) -> tuple[tuple[Webhook, int], ...]:
+    """Each event is sent again with probability duplicate_rate, somewhere after itself."""
+    out: list[tuple[Webhook, int]] = [(w, 0) for w in sends]
+    for webhook in sends:
+        if rng.random() < config.duplicate_rate:
+            first = out.index((webhook, 0))
+            out.insert(rng.randint(first + 1, len(out)), (webhook, 1))
+    return tuple(out)
+
+
+def publish_to_api(plan: Plan, book: PaymentBook) -> None:
+    """The provider knows every payment's final status (lost ones included)."""
+    for p in plan.payments:
+        book.set_status(p.payment_id, p.final_status, p.amount, p.currency, p.updated_at)
+
+
+async def register_orders(db: queries.Executor, payments: Sequence[SimPayment]) -> int:
+    """Register the shop's orders (idempotent); return how many were new."""
+    created = 0
+    for p in payments:
+        _, new = await queries.register_order(
+            db,
+            queries.NewOrder(
+                order_id=p.order_id,
+                payment_id=p.payment_id,
+                user_id=p.user_id,
+                email=p.email,
+                amount=p.amount,
+                currency=p.currency,
+            ),
+        )
+        created += int(new)
+    return created
+
+
+async def deliver(plan: Plan, deliverer: Deliverer) -> list[DeliveryRecord]:
+    """Send every planned delivery (at most the deliverer's concurrency in flight) and wait
+    for each to end; lost payments' events are listed as LOST with no attempt."""
+    tasks = [asyncio.create_task(deliverer.deliver(w, copy)) for w, copy in plan.sends]
+    records = list(await asyncio.gather(*tasks))
+    for p in plan.payments:
+        if p.lost:
+            records.extend(_lost(w) for w in p.events)
+    return records
+
+
+def _lost(webhook: Webhook) -> DeliveryRecord:
+    return DeliveryRecord(
+        event_id=webhook.event_id,
+        payment_id=webhook.payment_id,
+        merchant_id=webhook.merchant_id,
+        event_type=webhook.event_type,
+        status=webhook.status,
+        result=Result.LOST,
+    )
+
+
+def describe(config: ScenarioConfig) -> dict[str, Any]:
+    return {
+        "payments": config.payments,
+        "flows": dict(config.flows),
+        "duplicate_rate": config.duplicate_rate,
+        "reorder_rate": config.reorder_rate,
+        "lost_rate": config.lost_rate,
+        "concurrency": config.concurrency,
+        "merchants": config.merchants,
+        "seed": config.seed,
+    }

@@ -1,0 +1,178 @@
+"""The simulator's summary: what happened to each delivery, and what payhooks should end with.
+
+Per payment, the expected final order status comes from `expected_final_status` over all of
+its statuses (the provider's API holds the last one, so a lost or FAILED delivery is still
+reached by reconciliation). Bonus: BONUS_POINTS while PAID/SETTLED, else 0 (a refund claws a
+grant back). Emails: PAID/SETTLED send payment_succeeded; REFUNDED sends payment_refunded, and
+payment_succeeded too only if the order passed through PAID first, which depends on arrival
+order, so it is listed as *optional* (never for a lost payment: reconciliation jumps straight
+to REFUNDED).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from services.orders.domain import OrderStatus, expected_final_status
+from services.sim.deliverer import DeliveryRecord
+from services.sim.scenario import SimPayment
+
+BONUS_POINTS: Final = 500
+_EARNING: Final = frozenset({OrderStatus.PAID, OrderStatus.SETTLED})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expectation:
+    payment_id: str
+    flow: str
+    lost: bool
+    reordered: bool
+    status: OrderStatus
+    bonus: int
+    emails: tuple[str, ...]  # must be sent (once each)
+    optional_emails: tuple[str, ...]  # may be sent, depending on arrival order
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "payment_id": self.payment_id,
+            "flow": self.flow,
+            "lost": self.lost,
+            "reordered": self.reordered,
+            "status": self.status.value,
+            "bonus": self.bonus,
+            "emails": list(self.emails),
+            "optional_emails": list(self.optional_emails),
+        }
+
+
+def expect(payment: SimPayment, bonus_points: int = BONUS_POINTS) -> Expectation:
+    status = expected_final_status(payment.statuses)
+    emails: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    if status in _EARNING:
+        emails = ("payment_succeeded",)
+    elif status is OrderStatus.REFUNDED:
+        emails = ("payment_refunded",)
+        passes_paid = any(s in ("paid", "settled") for s in payment.statuses)
+        optional = ("payment_succeeded",) if passes_paid and not payment.lost else ()
+    return Expectation(
+        payment_id=payment.payment_id,
+        flow=payment.flow,
+        lost=payment.lost,
+        reordered=payment.reordered,
+        status=status,
+        bonus=bonus_points if status in _EARNING else 0,
+        emails=emails,
+        optional_emails=optional,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    deliveries: tuple[DeliveryRecord, ...]
+    expectations: tuple[Expectation, ...]
+
+    def counts(self) -> dict[str, int]:
+        results = Counter(r.result.value if r.result else "PENDING" for r in self.deliveries)
+        return {
+            "payments": len(self.expectations),
+            "deliveries": len(self.deliveries),
+            "attempts": sum(r.attempts for r in self.deliveries),
+            **dict(sorted(results.items())),
+            **{
+                f"expected_{k}": v
+                for k, v in sorted(Counter(e.status.value for e in self.expectations).items())
+            },
+        }
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "counts": self.counts(),
+            "deliveries": [r.as_json() for r in self.deliveries],
+            "payments": [e.as_json() for e in self.expectations],
+        }
+
+    def render(self) -> str:
+        lines = ["counts: " + ", ".join(f"{k}={v}" for k, v in self.counts().items()), ""]
+        lines.append("deliveries (event id, copy, result, attempts, reason):")
+        for r in self.deliveries:
+            reason = r.reason.value if r.reason else ""
+            result = r.result.value if r.result else "PENDING"
+            lines.append(f"  {r.event_id} #{r.copy} {result} {r.attempts} {reason}".rstrip())
+        lines.append("")
+        lines.append("payments (id, flow, expected status, bonus, emails [optional]):")
+        for e in self.expectations:
+            flags = ",".join(f for f, on in (("lost", e.lost), ("reordered", e.reordered)) if on)
+            optional = f" [{','.join(e.optional_emails)}]" if e.optional_emails else ""
+            lines.append(
+                f"  {e.payment_id} {e.flow}{'(' + flags + ')' if flags else ''} {e.status.value}"
+                f" {e.bonus} {','.join(e.emails) or '-'}{optional}"
+            )
+        return "\n".join(lines)
+
+
+def summarize(
+    deliveries: Iterable[DeliveryRecord],
+    payments: Sequence[SimPayment],
+    bonus_points: int = BONUS_POINTS,
+) -> Summary:
+    ordered = sorted(deliveries, key=lambda r: (r.payment_id, r.event_id, r.copy))
+    return Summary(
+        deliveries=tuple(ordered), expectations=tuple(expect(p, bonus_points) for p in payments)
+    )
+
+
+def mismatches(
+    expectations: Iterable[Expectation], actual: Mapping[str, Mapping[str, Any]]
+) -> dict[str, str]:
+    """Compare with what payhooks did: `actual[payment_id]` holds `status` (str), `bonus` (int)
+    and `emails` (list of templates, one per email sent). Returns payment id -> what differs."""
+    problems: dict[str, str] = {}
+    for e in expectations:
+        got = actual.get(e.payment_id)
+        if got is None:
+            problems[e.payment_id] = "no order"
+            continue
+        why = []
+        if got.get("status") != e.status.value:
+            why.append(f"status {got.get('status')} != {e.status.value}")
+        if got.get("bonus") != e.bonus:
+            why.append(f"bonus {got.get('bonus')} != {e.bonus}")
+        emails = list(got.get("emails", ()))
+        if len(emails) != len(set(emails)):
+            why.append(f"duplicate emails {sorted(emails)}")
+        sent = set(emails)
+        if not set(e.emails) <= sent or not sent <= set(e.emails) | set(e.optional_emails):
+            why.append(f"emails {sorted(sent)} vs {list(e.emails)} [{list(e.optional_emails)}]")
+        if why:
+            problems[e.payment_id] = "; ".join(why)
+    return problems
+
+
+async def actual_effects(db: Any, payment_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """What payhooks recorded per payment: order status, bonus balance, emails sent."""
+    orders = await db.fetch(
+        "SELECT payment_id, status FROM orders WHERE payment_id = ANY($1::text[])", payment_ids
+    )
+    ledger = await db.fetch(
+        "SELECT payment_id, sum(points)::bigint AS bonus FROM bonus_ledger"
+        " WHERE payment_id = ANY($1::text[]) GROUP BY payment_id",
+        payment_ids,
+    )
+    emails = await db.fetch(
+        "SELECT payment_id, template FROM emails_sent WHERE payment_id = ANY($1::text[])",
+        payment_ids,
+    )
+    actual: dict[str, dict[str, Any]] = {
+        r["payment_id"]: {"status": r["status"], "bonus": 0, "emails": []} for r in orders
+    }
+    for r in ledger:
+        if r["payment_id"] in actual:
+            actual[r["payment_id"]]["bonus"] = int(r["bonus"])
+    for r in emails:
+        if r["payment_id"] in actual:
+            actual[r["payment_id"]]["emails"].append(r["template"])
+    return actual

@@ -1,0 +1,191 @@
+"""End to end through the simulator: 40 payments with duplicates, reordering, concurrency 10
+and 10 % lost webhooks, delivered by the simulator's deliverer to the real ingest, worked by
+orders, bonuses and email, and repaired by reconcile_once against the simulator's API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from services.ingest.signatures import verify
+from services.reconciler.jobs import ReconcilerMetrics, reconcile_once
+from services.sim import scenario
+from services.sim.api import PaymentBook, start_api
+from services.sim.deliverer import Deliverer, Result, Webhook
+from services.sim.delivery_rules import FailReason
+from services.sim.summary import actual_effects, mismatches, summarize
+from shared.broker import Broker
+from shared.config import Settings
+from shared.db import create_pool
+from shared.provider import ProviderClient, ProviderMetrics, ProviderPolicy
+from shared.topology import Topology
+from tests.conftest import TEST_SECRETS, SmtpSink
+from tests.helpers import eventually
+from tests.integration.system import depths, dlqs, smtp_counts, start_system, system_settings
+
+API_KEY = "sim-provider-key"
+CONFIG = scenario.ScenarioConfig(
+    payments=40,
+    duplicate_rate=0.3,
+    reorder_rate=0.5,
+    lost_rate=0.1,
+    concurrency=10,
+    merchants=3,
+    seed=5,
+)
+
+
+@pytest.mark.timeout(60)
+async def test_simulated_traffic_ends_in_the_expected_state(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> None:
+    settings: Settings = system_settings(make_settings, smtp[1])
+    system = await start_system(aiohttp_client, settings, amqp, topology)
+    plan = scenario.generate(CONFIG)
+    lost = [p for p in plan.payments if p.lost]
+    assert lost, "the seed must lose some payments so reconciliation has work"
+    assert any(p.reordered for p in plan.payments)
+    assert any(copy for _, copy in plan.sends)
+
+    book = PaymentBook()
+    scenario.publish_to_api(plan, book)
+    runner, api_url = await start_api(book, API_KEY)
+    pool = await create_pool(settings.database_url)
+    broker = Broker(settings.amqp_url, topology)
+    registry = CollectorRegistry()
+    client = ProviderClient(
+        api_url,
+        API_KEY,
+        metrics=ProviderMetrics.create(registry),
+        policy=ProviderPolicy(backoff_base_s=0.01, backoff_max_s=0.05, rate_per_s=1000),
+    )
+    try:
+        await broker.start()
+        await broker.wait_connected(10)
+        await client.start()
+        assert await scenario.register_orders(pool, plan.payments) == CONFIG.payments
+
+        ingest_url = str(system.ingest.make_url("")).rstrip("/")
+        async with Deliverer(
+            ingest_url, TEST_SECRETS[0].encode(), time_scale=100.0, concurrency=CONFIG.concurrency
+        ) as deliverer:
+            records = await scenario.deliver(plan, deliverer)
+        summary = summarize(records, plan.payments)
+        results = {r.result for r in records}
+        assert results <= {Result.DELIVERED, Result.LOST}, summary.render()
+        assert summary.counts()["LOST"] == sum(len(p.events) for p in lost)
+
+        # Webhooks first: everything but the lost payments gets where it should.
+        sent = [e for e in summary.expectations if not e.lost]
+        ids = [e.payment_id for e in sent]
+        await eventually(
+            lambda: actual_effects(db, ids), lambda a: not mismatches(sent, a), timeout_s=20
+        )
+        pending = await db.fetchval(
+            "SELECT count(*) FROM orders WHERE status = 'PENDING' AND payment_id = ANY($1)",
+            [p.payment_id for p in lost],
+        )
+        assert pending == len(lost)
+
+        # Then reconciliation against the simulator's API repairs the lost ones.
+        metrics = ReconcilerMetrics.create(registry)
+        checked = await reconcile_once(
+            pool, broker, client, metrics, after_s=0.001, again_after_s=60
+        )
+        assert checked == len(lost)
+        every = [e.payment_id for e in summary.expectations]
+        actual = await eventually(
+            lambda: actual_effects(db, every),
+            lambda a: not mismatches(summary.expectations, a),
+            timeout_s=15,
+        )
+        assert mismatches(summary.expectations, actual) == {}
+        repairs = registry.get_sample_value(
+            "payhooks_reconcile_checked_total", {"result": "repaired"}
+        )
+        assert repairs == len(lost)
+
+        # Every email reached SMTP once; nothing was dead-lettered.
+        assert all(n == 1 for n in smtp_counts(smtp[0]).values())
+        assert len(smtp[0].messages) == sum(len(a["emails"]) for a in actual.values())
+        assert await depths(amqp, dlqs(topology)) == dict.fromkeys(dlqs(topology), 0)
+    finally:
+        await client.close()
+        await broker.close()
+        await pool.close()
+        await runner.cleanup()
+
+
+class Flaky:
+    """An ingest stand-in answering a scripted list of statuses, then 200."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.script = script
+        self.seen: list[tuple[str, bool]] = []  # (event id, signature verifies)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        ok = verify(
+            [TEST_SECRETS[0].encode()],
+            request.headers["X-Webhook-Timestamp"],
+            body,
+            request.headers["X-Webhook-Signature"],
+        )
+        self.seen.append((request.headers["X-Webhook-Id"], ok))
+        status = self.script.pop(0) if self.script else 200
+        return web.json_response({}, status=status)
+
+
+async def _deliver_to(
+    aiohttp_server: Any, script: list[int], status: str, time_scale: float = 1000.0
+) -> tuple[Flaky, Any]:
+    flaky = Flaky(script)
+    app = web.Application()
+    app.router.add_post("/webhooks/xhub", flaky.handle)
+    server = await aiohttp_server(app)
+    webhook = Webhook(
+        event_id="evt_1",
+        merchant_id="m",
+        payload={"event": "payment.status_changed", "payment_id": "p1", "status": status},
+    )
+    url = str(server.make_url("")).rstrip("/")
+    async with Deliverer(url, TEST_SECRETS[0].encode(), time_scale=time_scale) as deliverer:
+        record = await deliverer.deliver(webhook)
+    return flaky, record
+
+
+async def test_deliverer_follows_the_fast_ladder_and_signs_every_attempt(
+    aiohttp_server: Any,
+) -> None:
+    flaky, record = await _deliver_to(aiohttp_server, [503, 500, 429], "paid")
+    assert (record.result, record.attempts) == (Result.DELIVERED, 4)
+    assert record.http_statuses == [503, 500, 429, 200]
+    assert flaky.seen == [("evt_1", True)] * 4
+
+
+async def test_deliverer_fails_a_non_money_4xx_at_once_and_slow_ladders_a_money_one(
+    aiohttp_server: Any,
+) -> None:
+    _, record = await _deliver_to(aiohttp_server, [400], "expired")
+    assert (record.result, record.attempts, record.reason) == (
+        Result.FAILED,
+        1,
+        FailReason.CLIENT_ERROR,
+    )
+    # 15 min then 1 h of slow ladder at 1 simulated hour per 10 ms.
+    _, record = await _deliver_to(aiohttp_server, [400, 404], "paid", time_scale=360_000.0)
+    assert (record.result, record.attempts) == (Result.DELIVERED, 3)
+
+
+async def test_deliverer_gives_up_after_ten_fast_attempts(aiohttp_server: Any) -> None:
+    _, record = await _deliver_to(aiohttp_server, [502] * 10, "paid", time_scale=100_000.0)
+    assert (record.result, record.attempts) == (Result.FAILED, 10)
+    assert record.reason is FailReason.FAST_LADDER_EXHAUSTED
