@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import orjson
@@ -19,7 +20,7 @@ import orjson
 from services.sim import scenario
 from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import TIMEOUT_S, Deliverer
-from services.sim.summary import summarize
+from services.sim.summary import actual_effects, mismatches, summarize
 from shared.config import ConfigError, Settings
 from shared.db import create_pool
 
@@ -53,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0, help="divides every delay")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="per-attempt seconds")
     parser.add_argument("--linger", type=float, default=0.0, help="keep the API up N seconds")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="after --linger, compare every payment with what payhooks did (exit 1 if any differs)",
+    )
     parser.add_argument("--json", action="store_true")
 
 
@@ -112,9 +118,27 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
         if args.linger > 0:
             _err(f"payhooks sim: API up for {args.linger:g} s more")
             await asyncio.sleep(args.linger)
+        problems: dict[str, str] = {}
+        if args.check:
+            pool = await create_pool(settings.database_url)
+            try:
+                actual = await actual_effects(pool, [p.payment_id for p in plan.payments])
+            finally:
+                await pool.close()
+            problems = mismatches(summary.expectations, actual)
+            for payment_id, why in sorted(problems.items()):
+                _out(f"MISMATCH {payment_id}: {why}")
+            statuses = Counter(a["status"] for a in actual.values())
+            _out(
+                f"check: {len(plan.payments) - len(problems)}/{len(plan.payments)} payments as"
+                f" expected; final states {dict(sorted(statuses.items()))}; bonus points"
+                f" {sum(a['bonus'] for a in actual.values())};"
+                f" emails {sum(len(a['emails']) for a in actual.values())}"
+            )
     finally:
         await runner.cleanup()
-    return EXIT_FAILED if summary.counts().get("FAILED", 0) else EXIT_OK
+    failed = summary.counts().get("FAILED", 0) or problems
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> None:
