@@ -4,6 +4,7 @@ orders, bonuses and email, and repaired by reconcile_once against the simulator'
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -25,20 +26,35 @@ from shared.topology import Topology
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import eventually
 from tests.integration.system import depths, dlqs, smtp_counts, start_system, system_settings
+from tests.proxy import TcpProxy
 
 API_KEY = "sim-provider-key"
+# The issue's run: 500 payments, duplicates, reordering, concurrency 20, 5 % lost webhooks.
 CONFIG = scenario.ScenarioConfig(
-    payments=40,
-    duplicate_rate=0.3,
-    reorder_rate=0.5,
-    lost_rate=0.1,
-    concurrency=10,
+    payments=500,
+    duplicate_rate=0.2,
+    reorder_rate=0.3,
+    lost_rate=0.05,
+    concurrency=20,
     merchants=3,
     seed=5,
 )
+# Provider time runs 100x faster: the fast ladder's 1..256 s pauses take 0.01..2.56 s, the
+# circuit breaker's 5-minute pause 3 s.
+TIME_SCALE = 100.0
+OUTAGE_S = 2.0
 
 
-@pytest.mark.timeout(60)
+async def _outage(proxy: TcpProxy, after_s: float) -> None:
+    """Ingest unreachable for a while in the middle of the run (connections refused/reset)."""
+    await asyncio.sleep(after_s)
+    proxy.cut()
+    await asyncio.sleep(OUTAGE_S)
+    proxy.restore()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("outage", [False, True], ids=["steady", "ingest_outage"])
 async def test_simulated_traffic_ends_in_the_expected_state(
     aiohttp_client: Any,
     make_settings: Any,
@@ -46,6 +62,7 @@ async def test_simulated_traffic_ends_in_the_expected_state(
     amqp: Any,
     topology: Topology,
     db: Any,
+    outage: bool,
 ) -> None:
     settings: Settings = system_settings(make_settings, smtp[1])
     system = await start_system(aiohttp_client, settings, amqp, topology)
@@ -73,11 +90,23 @@ async def test_simulated_traffic_ends_in_the_expected_state(
         await client.start()
         assert await scenario.register_orders(pool, plan.payments) == CONFIG.payments
 
-        ingest_url = str(system.ingest.make_url("")).rstrip("/")
-        async with Deliverer(
-            ingest_url, TEST_SECRETS[0].encode(), time_scale=100.0, concurrency=CONFIG.concurrency
-        ) as deliverer:
-            records = await scenario.deliver(plan, deliverer)
+        ingest = system.ingest.server
+        async with TcpProxy(ingest.host, ingest.port) as proxy:
+            # Every delivery goes through the proxy, which can take ingest off the network.
+            ingest_url = f"http://{proxy.address}"
+            breaker = asyncio.create_task(_outage(proxy, 0.2)) if outage else None
+            async with Deliverer(
+                ingest_url,
+                TEST_SECRETS[0].encode(),
+                time_scale=TIME_SCALE,
+                concurrency=CONFIG.concurrency,
+            ) as deliverer:
+                records = await scenario.deliver(plan, deliverer)
+            if breaker is not None:
+                await breaker
+        if outage:
+            retried = [r for r in records if r.attempts > 1]
+            assert retried, "the outage must have made the simulator retry"
         summary = summarize(records, plan.payments)
         results = {r.result for r in records}
         assert results <= {Result.DELIVERED, Result.LOST}, summary.render()

@@ -1,0 +1,55 @@
+"""Retention housekeeping: old rows go in small batches, never an unpublished one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.reconciler.jobs import housekeeping_once
+from shared.config import Settings
+from shared.db import create_pool
+
+
+async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
+    settings: Settings, db: Any
+) -> None:
+    async def inbox(event_id: str, age_days: int, published: bool) -> None:
+        await db.execute(
+            "INSERT INTO inbox (provider, event_id, event_type, body, headers, received_at,"
+            " published_at) VALUES ('xhub', $1, 'payment.status_changed', '{}', '{}',"
+            " now() - make_interval(days => $2),"
+            " CASE WHEN $3 THEN now() - make_interval(days => $2) END)",
+            event_id,
+            age_days,
+            published,
+        )
+
+    await inbox("old_published", 40, True)
+    await inbox("old_unpublished", 40, False)  # the sweeper still owes it a publish
+    await inbox("recent", 10, True)
+    await db.execute(
+        "INSERT INTO processed_events (worker, event_id, outcome, processed_at) VALUES"
+        " ('orders', 'old', 'ok', now() - interval '40 days'),"
+        " ('orders', 'recent', 'ok', now() - interval '10 days')"
+    )
+    await db.execute(
+        "INSERT INTO outbox (message_id, routing_key, body, created_at, published_at) VALUES"
+        " ('old_sent', 'order.paid', '{}', now() - interval '40 days', now()),"
+        " ('old_unsent', 'order.paid', '{}', now() - interval '40 days', NULL)"
+    )
+    pool = await create_pool(settings.database_url)
+    try:
+        deleted = await housekeeping_once(pool, retention_days=35)
+    finally:
+        await pool.close()
+
+    assert deleted == {"inbox": 1, "outbox": 1, "processed_events": 1}
+    assert sorted(r["event_id"] for r in await db.fetch("SELECT event_id FROM inbox")) == [
+        "old_unpublished",
+        "recent",
+    ]
+    assert [r["event_id"] for r in await db.fetch("SELECT event_id FROM processed_events")] == [
+        "recent"
+    ]
+    assert [r["message_id"] for r in await db.fetch("SELECT message_id FROM outbox")] == [
+        "old_unsent"
+    ]
