@@ -1,0 +1,426 @@
+"""docker-compose.yml and deploy/k8s, checked statically (no Docker engine, no cluster here).
+
+Compose: it parses; every payhooks service runs a real CLI command; every variable it sets is
+one shared/config.py reads (and the values parse); host ports do not clash; depends_on and
+healthchecks are wired. Kubernetes: every manifest parses; core kinds validate against the
+Kubernetes JSON schemas bundled with `kubernetes-validate` (offline, strict); the operators'
+custom resources are checked for structure; Deployments run real CLI services and probe the
+port their settings give them; ConfigMap and Secret only hold variables the settings know; the
+PrometheusRule holds exactly the rules of deploy/prometheus/alerts.yml.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+from collections import Counter
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from shared.cli import SERVICES, _parser
+from shared.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+K8S = ROOT / "deploy" / "k8s"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+CONFIG_SOURCE = ROOT / "shared" / "config.py"
+
+KUBERNETES_VERSION = "1.33.0"  # a recent release; its schemas ship with kubernetes-validate
+IMAGE = "payhooks:0.1.0"
+PORT_FIELD = {name: f"{name}_port" for name in SERVICES}  # Settings attribute per service
+CRD_GROUPS = ("rabbitmq.com/", "postgresql.cnpg.io/", "monitoring.coreos.com/")
+HPA_SERVICES = {"ingest", "orders", "bonuses", "email"}
+PUBLIC_SERVICES = {"ingest", "api"}
+SECRET_KEYS = {"XHUB_WEBHOOK_SECRETS", "ADMIN_TOKEN", "XHUB_API_KEY", "DATABASE_URL", "AMQP_URL"}
+# RabbitmqCluster spec fields (rabbitmq.com/v1beta1) this repository may use.
+RABBITMQ_SPEC_FIELDS = {
+    "replicas", "image", "resources", "persistence", "rabbitmq", "affinity", "service",
+    "tolerations", "override", "tls", "terminationGracePeriodSeconds",
+}  # fmt: skip
+
+
+@cache
+def known_env() -> frozenset[str]:
+    """Every variable Settings.from_env reads: the first argument of each reader.* call."""
+    names = set()
+    for node in ast.walk(ast.parse(CONFIG_SOURCE.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "reader"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            names.add(node.args[0].value)
+    return frozenset(names)
+
+
+def test_known_env_matches_the_settings() -> None:
+    # One variable per Settings field: if the AST walk above misses a reader call, this fails.
+    assert len(known_env()) == len(Settings.__dataclass_fields__)
+    assert {"DATABASE_URL", "XHUB_WEBHOOK_SECRETS", "INGEST_PORT", "LOG_LEVEL"} <= known_env()
+
+
+def parses_as_cli(argv: list[str]) -> bool:
+    try:
+        _parser().parse_args(argv)
+    except SystemExit:
+        return False
+    return True
+
+
+def settings_from(env: dict[str, str], service: str | None = None) -> Settings:
+    required: tuple[str, ...] = ()
+    if service is not None:
+        module = __import__(f"services.{service}.app", fromlist=["REQUIRED_ENV"])
+        required = tuple(module.REQUIRED_ENV)
+    return Settings.from_env(env, required=required)
+
+
+# ---------------------------------------------------------------------------------------------
+# docker-compose.yml
+
+
+@cache
+def compose() -> dict[str, Any]:
+    document = yaml.safe_load(COMPOSE.read_text())  # anchors and `<<` merge keys resolved
+    assert isinstance(document, dict)
+    return document
+
+
+def payhooks_services() -> dict[str, dict[str, Any]]:
+    return {
+        name: service
+        for name, service in compose()["services"].items()
+        if "build" in service or str(service.get("image", "")).startswith("payhooks:")
+    }
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    """The service's environment with `${VAR:-default}` taken at its default."""
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {key: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value)) for key, value in raw.items()}
+
+
+def host_ports(service: dict[str, Any]) -> list[int]:
+    ports = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            ports.append(int(entry["published"]))
+            continue
+        parts = str(entry).split("/")[0].split(":")
+        assert len(parts) in (2, 3), f"{entry!r}: publish host ports explicitly"
+        ports.append(int(parts[-2]))
+    return ports
+
+
+def test_compose_has_the_payhooks_services() -> None:
+    assert {"migrate", "ingest", "orders", "bonuses", "email", "api"} <= set(payhooks_services())
+    for name, service in payhooks_services().items():
+        assert service.get("image") == "payhooks:dev", name
+        assert service["build"]["dockerfile"] == "deploy/Dockerfile", name
+        assert (ROOT / service["build"]["dockerfile"]).is_file()
+
+
+def test_compose_runs_every_cli_service() -> None:
+    commands = {tuple(service["command"]) for service in payhooks_services().values()}
+    assert {("run", name) for name in SERVICES} <= commands
+
+
+def test_compose_has_the_simulator_under_the_demo_profile() -> None:
+    demo = [
+        service
+        for service in payhooks_services().values()
+        if "demo" in service.get("profiles", []) and service.get("command", [None])[0] == "sim"
+    ]
+    assert demo
+
+
+def test_compose_commands_are_real_cli_commands() -> None:
+    for name, service in payhooks_services().items():
+        command = service.get("command")
+        assert isinstance(command, list), f"{name}: command must be an exec-form list"
+        assert parses_as_cli([str(part) for part in command]), f"{name}: {command}"
+
+
+def test_compose_env_vars_are_known_settings_and_parse() -> None:
+    for name, service in payhooks_services().items():
+        env = compose_env(service)
+        unknown = set(env) - known_env()
+        assert not unknown, f"{name} sets variables shared/config.py never reads: {unknown}"
+        command = service["command"]
+        settings = settings_from(env, command[1] if command[0] == "run" else None)
+        assert settings.database_url == env["DATABASE_URL"]
+
+
+def test_compose_host_ports_do_not_clash() -> None:
+    published = Counter(
+        port for service in compose()["services"].values() for port in host_ports(service)
+    )
+    assert published, "nothing published"
+    assert not [port for port, count in published.items() if count > 1]
+    # The documented ones (README): ingest 8080 and api 8081.
+    services = compose()["services"]
+    assert host_ports(services["ingest"]) == [8080]
+    assert host_ports(services["api"]) == [8081]
+
+
+def test_compose_depends_on_and_healthchecks() -> None:
+    services = compose()["services"]
+    for name, service in services.items():
+        depends = service.get("depends_on", {})
+        targets = depends if isinstance(depends, list) else list(depends)
+        for target in targets:
+            assert target in services, f"{name} depends on unknown {target}"
+        if isinstance(depends, dict):
+            for target, rule in depends.items():
+                if rule.get("condition") == "service_healthy":
+                    assert "healthcheck" in services[target], f"{target} has no healthcheck"
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["migrate"].get("restart") == "no"
+    for name, service in payhooks_services().items():
+        if name == "migrate":
+            continue
+        depends = service["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully", name
+        assert depends["rabbitmq"]["condition"] == "service_healthy", name
+        if service["command"][0] == "sim":
+            continue  # a one-shot job, not a server: nothing to probe
+        # The healthcheck asks the service's own /readyz on the port its settings give it.
+        test = " ".join(service["healthcheck"]["test"])
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/readyz", test)
+        assert match, f"{name}: healthcheck does not call /readyz"
+        port = getattr(settings_from(compose_env(service)), PORT_FIELD[name])
+        assert int(match.group(1)) == port, name
+
+
+# ---------------------------------------------------------------------------------------------
+# deploy/k8s
+
+
+@cache
+def kustomization() -> dict[str, Any]:
+    document = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert isinstance(document, dict)
+    return document
+
+
+@cache
+def manifests() -> tuple[dict[str, Any], ...]:
+    documents = []
+    for name in kustomization()["resources"]:
+        for document in yaml.safe_load_all((K8S / name).read_text()):
+            if document is not None:
+                assert isinstance(document, dict), name
+                documents.append(document)
+    return tuple(documents)
+
+
+def of_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in manifests() if d["kind"] == kind}
+
+
+@cache
+def k8s_env() -> dict[str, str]:
+    """ConfigMap data plus the Secret's (placeholder) values: what every pod gets via envFrom."""
+    (config,) = of_kind("ConfigMap").values()
+    (secret,) = of_kind("Secret").values()
+    return {**config["data"], **secret["stringData"]}
+
+
+def test_kustomization_lists_every_manifest_and_only_existing_ones() -> None:
+    listed = kustomization()["resources"]
+    assert len(listed) == len(set(listed))
+    for name in listed:
+        assert (K8S / name).is_file(), f"kustomization.yaml lists missing {name}"
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert on_disk == set(listed), "a manifest in deploy/k8s is not in kustomization.yaml"
+
+
+def test_kustomize_build() -> None:
+    if shutil.which("kustomize"):
+        command = ["kustomize", "build", str(K8S)]
+    elif shutil.which("kubectl"):
+        command = ["kubectl", "kustomize", str(K8S)]
+    else:
+        pytest.skip("neither kustomize nor kubectl installed")
+    built = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+    documents = [d for d in yaml.safe_load_all(built.stdout) if d]
+    assert len(documents) == len(manifests())
+    for document in documents:
+        if document["kind"] != "Namespace":
+            assert document["metadata"]["namespace"] == "payhooks", document["metadata"]
+        assert document["metadata"]["labels"]["app.kubernetes.io/part-of"] == "payhooks"
+
+
+def test_core_kinds_validate_against_the_kubernetes_schemas() -> None:
+    core = [d for d in manifests() if not d["apiVersion"].startswith(CRD_GROUPS)]
+    assert len(core) > 20
+    for document in core:
+        try:
+            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            where = f"{document['kind']}/{document['metadata']['name']}"
+            pytest.fail(f"{where}: {e.message} at {list(e.path)}")
+
+
+def test_custom_resources_have_the_expected_structure() -> None:
+    by_kind = Counter((d["apiVersion"], d["kind"]) for d in manifests())
+    assert by_kind[("rabbitmq.com/v1beta1", "RabbitmqCluster")] == 1
+    assert by_kind[("postgresql.cnpg.io/v1", "Cluster")] == 1
+    assert by_kind[("monitoring.coreos.com/v1", "ServiceMonitor")] >= 1
+    assert by_kind[("monitoring.coreos.com/v1", "PrometheusRule")] == 1
+
+    (rabbit,) = of_kind("RabbitmqCluster").values()
+    assert rabbit["spec"]["replicas"] == 3
+    assert set(rabbit["spec"]) <= RABBITMQ_SPEC_FIELDS
+
+    (postgres,) = of_kind("Cluster").values()
+    assert postgres["spec"]["instances"] == 3
+    assert postgres["spec"]["bootstrap"]["initdb"] == {"database": "payhooks", "owner": "payhooks"}
+    assert {"storage", "resources", "postgresql"} <= set(postgres["spec"])
+    # The DATABASE_URL placeholder points at the Cluster's read-write Service and database.
+    assert f"@{postgres['metadata']['name']}-rw:5432/payhooks" in k8s_env()["DATABASE_URL"]
+    assert f"@{rabbit['metadata']['name']}:5672/" in k8s_env()["AMQP_URL"]
+
+    services = of_kind("Service")
+    for monitor in of_kind("ServiceMonitor").values():
+        spec = monitor["spec"]
+        assert spec["endpoints"]
+        assert all(e["path"] == "/metrics" for e in spec["endpoints"])
+        (expression,) = spec["selector"]["matchExpressions"]
+        assert expression["key"] == "app.kubernetes.io/name"
+        assert expression["operator"] == "In"
+        assert set(expression["values"]) == set(SERVICES)  # every service's /metrics
+        for name in expression["values"]:
+            port_names = {p["name"] for p in services[name]["spec"]["ports"]}
+            assert {e["port"] for e in spec["endpoints"]} <= port_names, name
+            assert services[name]["metadata"]["labels"][expression["key"]] == name
+
+
+def test_prometheus_rule_equals_the_alert_rules() -> None:
+    (rule,) = of_kind("PrometheusRule").values()
+    alerts = yaml.safe_load(ALERTS.read_text())
+    assert rule["spec"] == {"groups": alerts["groups"]}, (
+        "deploy/k8s/prometheusrule.yaml differs from deploy/prometheus/alerts.yml: copy it again"
+    )
+
+
+def test_a_deployment_per_service_from_one_image() -> None:
+    deployments = of_kind("Deployment")
+    assert set(deployments) == set(SERVICES)
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["image"] == IMAGE
+        assert container["args"] == ["run", name]
+        assert parses_as_cli(container["args"])
+        assert {"command"}.isdisjoint(container), "keep the image's ENTRYPOINT (payhooks)"
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= (
+            deployment["spec"]["template"]["metadata"]["labels"].items()
+        )
+
+
+def test_probes_use_the_port_from_the_settings() -> None:
+    settings = settings_from(k8s_env())
+    for name, deployment in of_kind("Deployment").items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        port = getattr(settings, PORT_FIELD[name])
+        assert [p["containerPort"] for p in container["ports"]] == [port], name
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+
+
+def test_pods_are_non_root_with_resources() -> None:
+    pods = [d["spec"]["template"]["spec"] for d in of_kind("Deployment").values()]
+    pods += [j["spec"]["template"]["spec"] for j in of_kind("Job").values()]
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+            assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+            refs = {next(iter(source.values()))["name"] for source in container.get("envFrom", [])}
+            assert refs == set(of_kind("ConfigMap")) | set(of_kind("Secret"))
+
+
+def test_migrate_job() -> None:
+    (job,) = of_kind("Job").values()
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == IMAGE
+    assert container["args"] == ["migrate"]
+    assert parses_as_cli(container["args"])
+
+
+def test_services_pdbs_and_hpas() -> None:
+    deployments = of_kind("Deployment")
+    services = of_kind("Service")
+    assert set(services) >= PUBLIC_SERVICES
+    for name in PUBLIC_SERVICES:
+        assert services[name]["spec"].get("clusterIP") != "None"
+    for name, service in services.items():
+        labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()
+        (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        port_names = {p["name"] for p in container["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+
+    pdbs = of_kind("PodDisruptionBudget")
+    assert set(pdbs) == set(deployments)
+    for name, pdb in pdbs.items():
+        labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+    hpas = of_kind("HorizontalPodAutoscaler")
+    assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()} == HPA_SERVICES
+    for hpa in hpas.values():
+        target = hpa["spec"]["scaleTargetRef"]
+        assert target["kind"] == "Deployment"
+        assert target["name"] in deployments
+        assert "replicas" not in deployments[target["name"]]["spec"], "the HPA owns replicas"
+        assert 2 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    (ingest_metric,) = hpas["ingest"]["spec"]["metrics"]
+    assert ingest_metric["resource"]["name"] == "cpu"
+
+
+def test_ingress_terminates_tls_for_ingest() -> None:
+    (ingress,) = of_kind("Ingress").values()
+    assert ingress["spec"]["tls"]
+    assert ingress["spec"]["tls"][0]["secretName"]
+    hosts = {rule["host"] for rule in ingress["spec"]["rules"]}
+    assert hosts <= set(ingress["spec"]["tls"][0]["hosts"])
+    backends = {
+        path["backend"]["service"]["name"]
+        for rule in ingress["spec"]["rules"]
+        for path in rule["http"]["paths"]
+    }
+    assert backends == {"ingest"}
+    # SPEC: TLS ends at the ingress when ingest itself has no certificate.
+    assert not {"INGEST_TLS_CERT", "INGEST_TLS_KEY"} & set(k8s_env())
+
+
+def test_configmap_and_secret_hold_known_settings_only() -> None:
+    (config,) = of_kind("ConfigMap").values()
+    (secret,) = of_kind("Secret").values()
+    assert set(config["data"]) | set(secret["stringData"]) <= known_env()
+    assert set(secret["stringData"]) == SECRET_KEYS
+    assert not set(config["data"]) & set(secret["stringData"])
+    assert "data" not in secret, "placeholders only, in stringData"
+    for key, value in secret["stringData"].items():
+        assert "REPLACE_ME" in value, f"{key}: the Secret manifest holds placeholders only"
+    # Every service starts with these (its REQUIRED_ENV set, every value well-formed).
+    for name in SERVICES:
+        settings_from(k8s_env(), name)
