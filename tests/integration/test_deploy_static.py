@@ -29,6 +29,10 @@ from shared.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+MAKEFILE = ROOT / "Makefile"
+CONFTEST = ROOT / "tests" / "conftest.py"
+README = ROOT / "README.md"
 K8S = ROOT / "deploy" / "k8s"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 CONFIG_SOURCE = ROOT / "shared" / "config.py"
@@ -98,10 +102,12 @@ def compose() -> dict[str, Any]:
 
 
 def payhooks_services() -> dict[str, dict[str, Any]]:
+    """Services that run the payhooks image (the test stage's image is checked on its own)."""
     return {
         name: service
         for name, service in compose()["services"].items()
-        if "build" in service or str(service.get("image", "")).startswith("payhooks:")
+        if service.get("image") == "payhooks:dev"
+        or ("build" in service and "target" not in service["build"])
     }
 
 
@@ -203,6 +209,93 @@ def test_compose_depends_on_and_healthchecks() -> None:
         assert match, f"{name}: healthcheck does not call /readyz"
         port = getattr(settings_from(compose_env(service)), PORT_FIELD[name])
         assert int(match.group(1)) == port, name
+
+
+def dockerfile_stages() -> dict[str, list[str]]:
+    """Instructions per stage of deploy/Dockerfile (continuation lines joined); unnamed: final."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            words = line.split()
+            current = stages.setdefault(words[3] if len(words) == 4 else "final", [])
+        current.append(line)
+    return stages
+
+
+def test_dockerfile_has_a_build_a_test_and_a_non_root_final_stage() -> None:
+    stages = dockerfile_stages()
+    assert list(stages) == ["build", "test", "final"]
+    for instructions in stages.values():
+        base = instructions[0].split()[1]
+        assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", base), f"unpinned base {base}"
+    final = stages["final"]
+    assert "COPY --from=build /install /usr/local" in final
+    assert any(i.startswith("USER ") and i.split()[1] not in ("root", "0") for i in final)
+    assert final[-2:] == ['ENTRYPOINT ["payhooks"]', 'CMD ["run", "ingest"]']
+    test = stages["test"]
+    assert "RUN make install" in test
+    assert test[-1] == 'CMD ["make", "test"]'
+
+
+def test_compose_test_service_runs_make_test_against_compose_services() -> None:
+    services = compose()["services"]
+    test = services["test"]
+    assert test["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile", "target": "test"}
+    assert test["image"] != "payhooks:dev"  # never the runtime image's tag
+    # Under a profile: `docker compose up` leaves it out, `docker compose run --rm test` runs it.
+    assert test["profiles"] == ["test"]
+    assert test["restart"] == "no"
+    command = test["command"]
+    assert command[0] == "make"
+    assert re.search(rf"^{command[1]}:", MAKEFILE.read_text(), re.MULTILINE), command
+    # It sets exactly the variables tests/conftest.py reads, pointing at compose's services.
+    read_by_conftest = set(
+        re.findall(r'os\.environ\.get\(\s*"(TEST_[A-Z_]+)"', CONFTEST.read_text())
+    )
+    assert set(test["environment"]) == read_by_conftest == {"TEST_DATABASE_URL", "TEST_AMQP_URL"}
+    assert "@postgres:5432/" in test["environment"]["TEST_DATABASE_URL"]
+    assert "@rabbitmq:5672/" in test["environment"]["TEST_AMQP_URL"]
+    assert test["depends_on"] == {
+        "postgres": {"condition": "service_healthy"},
+        "rabbitmq": {"condition": "service_healthy"},
+    }
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_readme_start_here_commands_exist() -> None:
+    start = readme_section("Start here")
+    targets = set(re.findall(r"^([a-z-]+):", MAKEFILE.read_text(), re.MULTILINE))
+    for target in ("run", "demo", "test"):
+        assert f"`make {target}`" in start, target
+        assert target in targets, target
+    assert "`docker compose up`" in start
+    assert "`docker compose run --rm test`" in start
+    assert "test" in compose()["services"]
+    assert "`docker compose --profile demo up`" in start
+    for link in re.findall(r"\]\(([^)#]+)\)", README.read_text()):
+        assert (ROOT / link).exists(), f"README links to missing {link}"
+
+
+def test_readme_configuration_table_names_every_setting() -> None:
+    first_cells = [
+        line.split("|")[1]
+        for line in readme_section("Configuration").splitlines()
+        if line[:1] == "|"
+    ]
+    documented = {name for cell in first_cells for name in re.findall(r"`([A-Z0-9_]+)`", cell)}
+    assert known_env() <= documented, known_env() - documented
+    assert documented <= known_env(), documented - known_env()
 
 
 # ---------------------------------------------------------------------------------------------
