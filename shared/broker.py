@@ -18,6 +18,7 @@ import structlog
 from aio_pika import RobustConnection
 from aio_pika.abc import (
     AbstractExchange,
+    AbstractIncomingMessage,
     AbstractRobustChannel,
     AbstractRobustConnection,
     DeliveryMode,
@@ -26,6 +27,7 @@ from aiohttp import web
 from yarl import URL
 
 from shared.errors import UnavailableError
+from shared.tasks import cancel_and_wait
 from shared.topology import Topology, declare
 from shared.web import READINESS_CHECKS
 
@@ -54,6 +56,18 @@ def to_message(outgoing: Outgoing) -> aio_pika.Message:
         content_type="application/json",
         delivery_mode=DeliveryMode.PERSISTENT,
         headers=dict(outgoing.headers),
+    )
+
+
+def persistent_copy(message: AbstractIncomingMessage, headers: dict[str, Any]) -> aio_pika.Message:
+    """The received message, body and ids unchanged, to publish again with new `headers`."""
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        message_id=message.message_id,
+        type=message.type,
+        content_type=message.content_type,
+        delivery_mode=DeliveryMode.PERSISTENT,
     )
 
 
@@ -104,9 +118,7 @@ class Broker:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if self._connection is not None:
             await self._connection.close()
 

@@ -22,9 +22,10 @@ from typing import Any
 
 import aio_pika
 import orjson
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, DeliveryMode
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
 
+from shared.broker import persistent_copy
 from shared.topology import Topology
 from shared.worker import (
     ATTEMPTS,
@@ -251,16 +252,11 @@ async def _republish(
         if not k.startswith("x-") and k not in (REASON, ATTEMPTS)
     }
     headers[REQUEUED] = letter.requeued + 1
-    copy = aio_pika.Message(
-        message.body,
-        headers=headers,
-        message_id=message.message_id,
-        type=message.type,
-        content_type=message.content_type,
-        delivery_mode=DeliveryMode.PERSISTENT,
-    )
     confirm = await channel.default_exchange.publish(
-        copy, letter.original_queue, mandatory=True, timeout=_PUBLISH_TIMEOUT_S
+        persistent_copy(message, headers),
+        letter.original_queue,
+        mandatory=True,
+        timeout=_PUBLISH_TIMEOUT_S,
     )
     # Only a broker ack means "queued". A returned message (its queue is gone) is confirmed
     # too, but as a DeliveredMessage: the DLQ copy must stay.

@@ -1,13 +1,39 @@
-"""Prometheus metrics: one dataclass per service kind, each on a registry made at startup."""
+"""Prometheus metrics: one dataclass per service kind, each on a registry made at startup.
+
+Every metric name payhooks exports is spelled in this file (SPEC section 9, the alerts in
+deploy/prometheus and the Grafana dashboard query them). A labelled counter exports each of its
+known label values at 0 from the start, so `rate()` and alerts see a series before the first
+event.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Latency buckets in seconds: the accept path lives in milliseconds, the hard budget is 10 s.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+_PROVIDER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def _counter(
+    name: str,
+    documentation: str,
+    registry: CollectorRegistry,
+    label: str | None = None,
+    values: Iterable[str] = (),
+    **fixed: str,
+) -> Counter:
+    """A counter, labelled by `fixed` then `label`, with each of `values` exported at 0."""
+    labelnames = [*fixed, label] if label is not None else list(fixed)
+    counter = Counter(name, documentation, labelnames, registry=registry)
+    for value in values:
+        counter.labels(**fixed, **{str(label): value})
+    return counter
+
 
 WEBHOOK_OUTCOMES = (
     "accepted",
@@ -32,17 +58,16 @@ class IngestMetrics:
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> IngestMetrics:
         registry = registry or CollectorRegistry()
-        received = Counter(
-            "payhooks_webhooks_received",
-            "Webhook requests received, by outcome.",
-            ["provider", "outcome"],
-            registry=registry,
-        )
-        for outcome in WEBHOOK_OUTCOMES:
-            received.labels(provider="xhub", outcome=outcome)
         return cls(
             registry=registry,
-            webhooks_received=received,
+            webhooks_received=_counter(
+                "payhooks_webhooks_received",
+                "Webhook requests received, by outcome.",
+                registry,
+                "outcome",
+                WEBHOOK_OUTCOMES,
+                provider="xhub",
+            ),
             ingest_duration=Histogram(
                 "payhooks_ingest_duration_seconds",
                 "Time from request start to answer on the webhook endpoint.",
@@ -82,18 +107,17 @@ class WorkerMetrics:
     @classmethod
     def create(cls, worker: str, registry: CollectorRegistry | None = None) -> WorkerMetrics:
         registry = registry or CollectorRegistry()
-        processed = Counter(
-            "payhooks_messages_processed",
-            "Messages a worker finished with, by outcome.",
-            ["worker", "outcome"],
-            registry=registry,
-        )
-        for outcome in WORKER_OUTCOMES:
-            processed.labels(worker=worker, outcome=outcome)
         return cls(
             registry=registry,
             worker=worker,
-            messages_processed=processed,
+            messages_processed=_counter(
+                "payhooks_messages_processed",
+                "Messages a worker finished with, by outcome.",
+                registry,
+                "outcome",
+                WORKER_OUTCOMES,
+                worker=worker,
+            ),
             processing_duration=Histogram(
                 "payhooks_processing_duration_seconds",
                 "Time a worker spent on one message, from delivery to ack.",
@@ -115,21 +139,19 @@ class BonusMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> BonusMetrics:
-        entries = Counter(
-            "payhooks_bonus_entries",
-            "Bonus ledger entries written, by kind (grant, clawback, restore).",
-            ["kind"],
-            registry=registry,
-        )
-        for kind in ("grant", "clawback", "restore"):
-            entries.labels(kind=kind)
         return cls(
-            points_granted=Counter(
+            points_granted=_counter(
                 "payhooks_bonus_points_granted",
                 "Bonus points granted (first PAID/SETTLED of a payment).",
-                registry=registry,
+                registry,
             ),
-            entries=entries,
+            entries=_counter(
+                "payhooks_bonus_entries",
+                "Bonus ledger entries written, by kind (grant, clawback, restore).",
+                registry,
+                "kind",
+                ("grant", "clawback", "restore"),
+            ),
         )
 
 
@@ -139,15 +161,15 @@ class EmailMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> EmailMetrics:
-        sent = Counter(
-            "payhooks_emails_sent",
-            "Customer emails accepted by the SMTP server, by template.",
-            ["template"],
-            registry=registry,
+        return cls(
+            emails_sent=_counter(
+                "payhooks_emails_sent",
+                "Customer emails accepted by the SMTP server, by template.",
+                registry,
+                "template",
+                ("payment_succeeded", "payment_refunded"),
+            )
         )
-        for template in ("payment_succeeded", "payment_refunded"):
-            sent.labels(template=template)
-        return cls(emails_sent=sent)
 
 
 def new_registry() -> CollectorRegistry:
@@ -187,5 +209,75 @@ class QueueMetrics:
                 "payhooks_inbox_unpublished",
                 "Stored webhooks not yet confirmed by RabbitMQ (the sweeper's backlog).",
                 registry=registry,
+            ),
+        )
+
+
+PROVIDER_OUTCOMES = (
+    "ok",
+    "not_found",
+    "unauthorized",
+    "unexpected_status",
+    "invalid_response",
+    "server_error",
+    "rate_limited",
+    "network_error",
+    "timeout",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderMetrics:
+    """The X-Hub API client's requests (shared/provider.py), in the reconciler."""
+
+    requests: Counter
+    request_duration: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> ProviderMetrics:
+        return cls(
+            requests=_counter(
+                "payhooks_provider_requests",
+                "HTTP requests to the provider's API (each retry counts), by outcome.",
+                registry,
+                "outcome",
+                PROVIDER_OUTCOMES,
+            ),
+            request_duration=Histogram(
+                "payhooks_provider_request_duration_seconds",
+                "Time one HTTP request to the provider's API took, failed ones included.",
+                buckets=_PROVIDER_BUCKETS,
+                registry=registry,
+            ),
+        )
+
+    def observe(self, outcome: str, duration_s: float) -> None:
+        self.requests.labels(outcome=outcome).inc()
+        self.request_duration.observe(duration_s)
+
+
+RECONCILE_RESULTS = ("in_sync", "repaired", "not_found", "provider_error", "publish_failed")
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerMetrics:
+    repairs: Counter
+    checked: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
+        return cls(
+            repairs=Counter(
+                "payhooks_reconcile_repairs",
+                "Orders moved by a synthetic event after asking the provider, by transition.",
+                ["from", "to"],
+                registry=registry,
+            ),
+            checked=_counter(
+                "payhooks_reconcile_checked",
+                "Stale orders checked against the provider, by result.",
+                registry,
+                "result",
+                RECONCILE_RESULTS,
             ),
         )

@@ -21,27 +21,15 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from yarl import URL
 
 from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
+from shared.metrics import ProviderMetrics
 
 log = structlog.get_logger(__name__)
 
-PROVIDER_OUTCOMES = (
-    "ok",
-    "not_found",
-    "unauthorized",
-    "unexpected_status",
-    "invalid_response",
-    "server_error",
-    "rate_limited",
-    "network_error",
-    "timeout",
-)
 _RETRIED_OUTCOMES = frozenset({"server_error", "rate_limited", "network_error", "timeout"})
-_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _DELAY_SECONDS = re.compile(r"\d+(\.\d+)?")
 
 
@@ -97,36 +85,6 @@ class ProviderPolicy:
         for name in self.__dataclass_fields__:
             if not getattr(self, name) > 0:
                 raise ValueError(f"ProviderPolicy.{name} must be greater than 0")
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderMetrics:
-    requests: Counter
-    request_duration: Histogram
-
-    @classmethod
-    def create(cls, registry: CollectorRegistry) -> ProviderMetrics:
-        requests = Counter(
-            "payhooks_provider_requests",
-            "HTTP requests to the provider's API (each retry counts), by outcome.",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in PROVIDER_OUTCOMES:
-            requests.labels(outcome=outcome)
-        return cls(
-            requests=requests,
-            request_duration=Histogram(
-                "payhooks_provider_request_duration_seconds",
-                "Time one HTTP request to the provider's API took, failed ones included.",
-                buckets=_DURATION_BUCKETS,
-                registry=registry,
-            ),
-        )
-
-    def observe(self, outcome: str, duration_s: float) -> None:
-        self.requests.labels(outcome=outcome).inc()
-        self.request_duration.observe(duration_s)
 
 
 class RateLimiter:

@@ -25,12 +25,13 @@ from typing import Any
 
 import aio_pika
 import structlog
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, DeliveryMode
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
 from aiohttp import web
 
-from shared.broker import BROKER, Broker
+from shared.broker import BROKER, Broker, persistent_copy
 from shared.errors import PermanentError, TransientError
 from shared.metrics import WorkerMetrics
+from shared.tasks import cancel_and_wait
 from shared.topology import WorkQueue
 
 log = structlog.get_logger(__name__)
@@ -105,9 +106,7 @@ class Worker:
     async def stop(self) -> None:
         """Stop taking messages, let those in hand finish, hand back the rest."""
         if self._start_task is not None and not self._start_task.done():
-            self._start_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._start_task
+            await cancel_and_wait(self._start_task)
         if self._consuming is not None and self._consumer_tag is not None:
             with contextlib.suppress(Exception):
                 await self._consuming.cancel(self._consumer_tag)
@@ -189,16 +188,10 @@ class Worker:
             target=target,
             exc_info=not expected,
         )
-        copy = aio_pika.Message(
-            message.body,
-            headers=headers,
-            message_id=message.message_id,
-            type=message.type,
-            content_type=message.content_type,
-            delivery_mode=DeliveryMode.PERSISTENT,
-        )
         try:
-            await self._broker.publish_to_queue(target, copy, _PUBLISH_TIMEOUT_S)
+            await self._broker.publish_to_queue(
+                target, persistent_copy(message, headers), _PUBLISH_TIMEOUT_S
+            )
         except Exception as e:
             log.warning("message.handed_back", error=repr(e))
             with contextlib.suppress(Exception):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -17,6 +15,7 @@ from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import QueueMetrics, new_registry
+from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
 
@@ -66,13 +65,8 @@ def create_app(
             await app[BROKER].wait_connected(float("inf"))
             await monitor.run_forever(app[DB_POOL], access, queue_metrics, monitor_interval_s)
 
-        task = asyncio.create_task(run(), name="queue-monitor")
-        try:
+        async with background(run(), "queue-monitor"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     app.cleanup_ctx.append(monitor_ctx)
     app.router.add_post("/api/orders", handlers.register_order)

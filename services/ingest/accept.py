@@ -11,7 +11,6 @@ committed and its message confirmed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from shared import queries
 from shared.broker import Broker
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
+from shared.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -126,9 +126,7 @@ class Acceptor:
     async def close(self) -> None:
         """Finish every batch already taken, answer the rest 503."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+            await cancel_and_wait(self._loop_task)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for item in self._pending:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ssl
 from collections.abc import AsyncIterator
 
@@ -17,6 +15,7 @@ from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import IngestMetrics
+from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
 
@@ -50,13 +49,10 @@ def create_app(
             publisher=acceptor.publisher,
             config=config,
         )
-        sweeping = asyncio.create_task(sweeper.run_forever(), name="sweeper")
         try:
-            yield
+            async with background(sweeper.run_forever(), "sweeper"):
+                yield
         finally:
-            sweeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeping
             await acceptor.close()
 
     app.cleanup_ctx.append(acceptor_ctx)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -15,6 +13,7 @@ from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import WorkerMetrics
 from shared.outbox import OutboxRelay
+from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
 from shared.worker import POOL_SIZE, worker_ctx
@@ -34,13 +33,8 @@ def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
     async def relay_ctx(app: web.Application) -> AsyncIterator[None]:
         relay = OutboxRelay(app[DB_POOL], app[BROKER])
         app[RELAY] = relay
-        task = asyncio.create_task(relay.run_forever(), name="outbox-relay")
-        try:
+        async with background(relay.run_forever(), "outbox-relay"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     app.cleanup_ctx.append(relay_ctx)
     app.cleanup_ctx.append(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from shared.errors import PermanentError
 
@@ -104,6 +104,12 @@ REFUND_COMPLETED: Final = "refund.completed"
 REFUND_REVERSED: Final = "refund.reversed"
 
 
+class Row(Protocol):
+    """A database row by column name (asyncpg.Record, a dict); keeps this module free of I/O."""
+
+    def __getitem__(self, column: str, /) -> Any: ...
+
+
 @dataclass(frozen=True, slots=True)
 class OrderState:
     status: OrderStatus
@@ -112,6 +118,18 @@ class OrderState:
     refunded_amount: Decimal = Decimal(0)
     refunded_at: datetime | None = None  # provider time of the refund that made it REFUNDED
     refund_ids: frozenset[str] = field(default_factory=frozenset)  # refunds already counted
+
+    @classmethod
+    def from_row(cls, row: Row) -> OrderState:
+        """From an `orders` row (queries.lock_order, queries.order_for_reconcile...)."""
+        return cls(
+            status=OrderStatus(row["status"]),
+            amount=row["amount"],
+            currency=row["currency"],
+            refunded_amount=row["refunded_amount"],
+            refunded_at=row["refunded_at"],
+            refund_ids=frozenset(row["refund_ids"]),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,6 @@ import structlog
 from services.orders.domain import (
     InvalidEventError,
     OrderState,
-    OrderStatus,
     Reason,
     decide,
     parse_event,
@@ -44,14 +43,7 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
             row = await queries.lock_order(conn, event.payment_id)
             if row is None:
                 raise UnknownPaymentError(f"no order registered for payment {event.payment_id}")
-            state = OrderState(
-                status=OrderStatus(row["status"]),
-                amount=row["amount"],
-                currency=row["currency"],
-                refunded_amount=row["refunded_amount"],
-                refunded_at=row["refunded_at"],
-                refund_ids=frozenset(row["refund_ids"]),
-            )
+            state = OrderState.from_row(row)
             decision = decide(state, event)
             if not await queries.mark_processed(conn, WORKER, delivery.message_id, decision.reason):
                 return "skipped_duplicate"

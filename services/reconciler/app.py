@@ -4,19 +4,19 @@ and repair drift through the orders queue; then delete rows past the retention."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import structlog
 from aiohttp import web
 
-from services.reconciler.jobs import BATCH, ReconcilerMetrics, housekeeping_once, reconcile_once
+from services.reconciler.jobs import BATCH, housekeeping_once, reconcile_once
 from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
-from shared.metrics import new_registry
-from shared.provider import ProviderClient, ProviderMetrics
+from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
+from shared.provider import ProviderClient
+from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
 
@@ -58,13 +58,10 @@ def create_app(settings: Settings) -> web.Application:
                     log.warning("reconcile.pass_failed", error=repr(e))
                 await asyncio.sleep(settings.reconcile_interval_s)
 
-        task = asyncio.create_task(run(), name="reconciler")
         try:
-            yield
+            async with background(run(), "reconciler"):
+                yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await client.close()
 
     app.cleanup_ctx.append(loop_ctx)

@@ -10,19 +10,18 @@ effects apply, and a late real webhook changes nothing twice.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import orjson
 import structlog
-from prometheus_client import CollectorRegistry, Counter
 
-from services.orders.domain import OrderState, OrderStatus, ProviderEvent, decide
+from services.orders.domain import OrderState, ProviderEvent, decide
 from shared import queries
 from shared.broker import Broker, Outgoing
 from shared.errors import PermanentError, TransientError
+from shared.metrics import ReconcilerMetrics
 from shared.provider import PaymentNotFoundError, ProviderClient, ProviderPayment
 
 log = structlog.get_logger(__name__)
@@ -30,29 +29,6 @@ log = structlog.get_logger(__name__)
 BATCH = 100
 _HOUSEKEEPING_BATCH = 1000
 _PUBLISH_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcilerMetrics:
-    repairs: Counter
-    checked: Counter
-
-    @classmethod
-    def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
-        return cls(
-            repairs=Counter(
-                "payhooks_reconcile_repairs",
-                "Orders moved by a synthetic event after asking the provider, by transition.",
-                ["from", "to"],
-                registry=registry,
-            ),
-            checked=Counter(
-                "payhooks_reconcile_checked",
-                "Stale orders checked against the provider, by result.",
-                ["result"],
-                registry=registry,
-            ),
-        )
 
 
 def synthetic_event(payment: ProviderPayment) -> tuple[str, bytes]:
@@ -101,14 +77,7 @@ async def reconcile_once(
             metrics.checked.labels(result="provider_error").inc()
             log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
             continue
-        state = OrderState(
-            status=OrderStatus(row["status"]),
-            amount=row["amount"],
-            currency=row["currency"],
-            refunded_amount=row["refunded_amount"],
-            refunded_at=row["refunded_at"],
-            refund_ids=frozenset(row["refund_ids"]),
-        )
+        state = OrderState.from_row(row)
         try:
             event = ProviderEvent(
                 event_type="payment.status_changed",

@@ -22,12 +22,11 @@ from structlog.testing import capture_logs
 
 from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
+from shared.metrics import PROVIDER_OUTCOMES, ProviderMetrics
 from shared.provider import (
-    PROVIDER_OUTCOMES,
     PaymentNotFoundError,
     ProviderAuthError,
     ProviderClient,
-    ProviderMetrics,
     ProviderPayment,
     ProviderPolicy,
     ProviderResponseError,

@@ -13,11 +13,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from services.reconciler.jobs import ReconcilerMetrics, reconcile_once
+from services.reconciler.jobs import reconcile_once
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
-from shared.provider import ProviderClient, ProviderMetrics, ProviderPolicy
+from shared.metrics import ProviderMetrics, ReconcilerMetrics
+from shared.provider import ProviderClient, ProviderPolicy
 from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event

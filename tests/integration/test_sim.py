@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.ingest.signatures import verify
-from services.reconciler.jobs import ReconcilerMetrics, reconcile_once
+from services.reconciler.jobs import reconcile_once
 from services.sim import scenario
 from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import Deliverer, Result, Webhook
@@ -21,7 +21,8 @@ from services.sim.summary import actual_effects, mismatches, summarize
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
-from shared.provider import ProviderClient, ProviderMetrics, ProviderPolicy
+from shared.metrics import ProviderMetrics, ReconcilerMetrics
+from shared.provider import ProviderClient, ProviderPolicy
 from shared.topology import Topology
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import eventually
