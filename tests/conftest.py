@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email
 import os
+import re
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
@@ -19,13 +21,16 @@ from aiosmtpd.controller import Controller
 from shared.config import Settings
 from shared.db import init_connection
 from shared.migrate import migrate
-from shared.topology import Topology, build_topology, delete
+from shared.topology import Topology, build_topology, declare, delete
 
 TEST_DATABASE_URL = os.environ.get(
     "TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/payhooks_test"
 )
 TEST_AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 TEST_SECRETS = ("test-secret-new", "test-secret-old")
+# A broker or database that does not answer fails the test setup in this long, not at the
+# 60 s pytest-timeout with a stack dump.
+CONNECT_TIMEOUT_S = 10.0
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -55,11 +60,83 @@ def _require_services() -> None:
         pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def migrated_database() -> str:
+def database_url(name: str) -> str:
+    """TEST_DATABASE_URL's server with another database."""
+    return urlunsplit(urlsplit(TEST_DATABASE_URL)._replace(path=f"/{name}"))
+
+
+async def _admin() -> asyncpg.Connection[Any]:
+    return await asyncpg.connect(database_url("postgres"), timeout=CONNECT_TIMEOUT_S)
+
+
+async def _drop_database(name: str) -> None:
+    admin = await _admin()
+    try:
+        quoted = await admin.fetchval("SELECT quote_ident($1)", name)
+        # FORCE: sessions of killed worker processes may linger.
+        await admin.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _drop_databases_of_dead_runs() -> None:
+    """Databases that killed test runs on this machine left behind (their pid is gone)."""
+    if urlsplit(TEST_DATABASE_URL).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return  # a shared server: another machine's run may own them
+    admin = await _admin()
+    try:
+        names = await admin.fetch(
+            "SELECT datname FROM pg_database WHERE datname ~ $1",
+            rf"^{re.escape(_BASE_DATABASE)}_[0-9]+_",
+        )
+    finally:
+        await admin.close()
+    for (name,) in names:
+        if not _alive(int(name[len(_BASE_DATABASE) + 1 :].split("_")[0])):
+            await _drop_database(name)
+
+
+_BASE_DATABASE = urlsplit(TEST_DATABASE_URL).path.lstrip("/")
+
+
+def run_database_name(purpose: str) -> str:
+    """<TEST_DATABASE_URL's database>_<pid>_<purpose>: this run's, cleaned up if it dies."""
+    return f"{_BASE_DATABASE}_{os.getpid()}_{purpose}"
+
+
+@contextlib.contextmanager
+def own_database(purpose: str) -> Iterator[str]:
+    """A migrated database of this pytest run's own, dropped afterwards: its URL.
+
+    Named <TEST_DATABASE_URL's database>_<pid>_<purpose>, so that two runs on one server never
+    share rows, locks or sweepers, and a run killed half-way is cleaned up by the next one.
+    """
     _require_services()
-    asyncio.run(migrate(TEST_DATABASE_URL))
-    return TEST_DATABASE_URL
+    name = run_database_name(purpose)
+    url = database_url(name)
+    asyncio.run(migrate(url))
+    try:
+        yield url
+    finally:
+        asyncio.run(_drop_database(name))
+
+
+@pytest.fixture(scope="session")
+def migrated_database() -> Iterator[str]:
+    _require_services()
+    asyncio.run(_drop_databases_of_dead_runs())
+    with own_database("main") as url:
+        yield url
 
 
 @pytest.fixture
@@ -98,7 +175,9 @@ def topology(settings: Settings) -> Topology:
 
 @pytest.fixture
 async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
-    conn: asyncpg.Connection[Any] = await asyncpg.connect(migrated_database)
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(
+        migrated_database, timeout=CONNECT_TIMEOUT_S
+    )
     await init_connection(conn)
     await conn.execute(
         "TRUNCATE inbox, orders, order_transitions, processed_events, outbox, bonus_ledger,"
@@ -113,7 +192,7 @@ async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
 @pytest.fixture
 async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
     """A plain channel for reading queues; deletes the test's queues at teardown."""
-    connection = await aio_pika.connect(TEST_AMQP_URL)
+    connection = await aio_pika.connect(TEST_AMQP_URL, timeout=CONNECT_TIMEOUT_S)
     channel = await connection.channel()
     try:
         yield channel
@@ -122,6 +201,15 @@ async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel
             channel = await connection.channel()
         await delete(channel, topology)
         await connection.close()
+
+
+@pytest.fixture
+async def channel(
+    amqp: aio_pika.abc.AbstractChannel, topology: Topology
+) -> aio_pika.abc.AbstractChannel:
+    """The test's channel (publisher confirms on) with the test topology declared."""
+    await declare(amqp, topology)
+    return amqp
 
 
 class SmtpSink:
@@ -135,15 +223,22 @@ class SmtpSink:
         return "250 Message accepted for delivery"
 
 
+@contextlib.contextmanager
+def smtp_server(handler: Any) -> Iterator[int]:
+    """A real SMTP server (aiosmtpd, its own thread) on a free loopback port: yields the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    controller = Controller(handler, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield port
+    finally:
+        controller.stop()
+
+
 @pytest.fixture
 def smtp() -> Iterator[tuple[SmtpSink, int]]:
     sink = SmtpSink()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    controller = Controller(sink, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
+    with smtp_server(sink) as port:
         yield sink, port
-    finally:
-        controller.stop()

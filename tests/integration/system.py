@@ -138,7 +138,10 @@ def dlqs(topology: Topology) -> list[str]:
     return [work.dlq for work in topology.work.values()]
 
 
-async def register(db: Any, payment_id: str, amount: str = "100.00") -> None:
+async def register(
+    db: Any, payment_id: str, amount: str = "100.00", status: str = "PENDING"
+) -> None:
+    """An order for `payment_id` (ord_<id>, user_<id>, USD), optionally already in `status`."""
     await queries.register_order(
         db,
         queries.NewOrder(
@@ -150,6 +153,8 @@ async def register(db: Any, payment_id: str, amount: str = "100.00") -> None:
             currency="USD",
         ),
     )
+    if status != "PENDING":
+        await queries.save_order_state(db, payment_id, status, Decimal(0), None, [])
 
 
 async def post(client: TestClient, payload: dict[str, Any], event_id: str | None = None) -> Any:

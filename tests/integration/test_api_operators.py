@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient
 from services.api.app import create_app
 from shared.broker import BROKER
 from shared.config import Settings
-from shared.topology import Topology, WorkQueue, declare
+from shared.topology import Topology, WorkQueue
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
@@ -78,12 +78,6 @@ def new_order(payment_id: str | None = None, user_id: str = "user_1") -> dict[st
 @pytest.fixture
 def api_settings(make_settings: Any, smtp: tuple[SmtpSink, int]) -> Settings:
     return system_settings(make_settings, smtp[1])
-
-
-@pytest.fixture
-async def channel(amqp: AbstractChannel, topology: Topology) -> AbstractChannel:
-    await declare(amqp, topology)
-    return amqp
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, DeliveryMode
 
 from shared.config import Settings
-from shared.topology import Topology, WorkQueue, declare
+from shared.topology import Topology, WorkQueue
 from shared.worker import ORIGINAL_QUEUE, REASON
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
@@ -89,12 +89,6 @@ async def run_payhooks(env: dict[str, str], *args: str) -> Run:
         out, err = await process.communicate()
     assert process.returncode is not None
     return Run(process.returncode, out.decode(), err.decode())
-
-
-@pytest.fixture
-async def channel(amqp: AbstractChannel, topology: Topology) -> AbstractChannel:
-    await declare(amqp, topology)
-    return amqp
 
 
 @pytest.fixture

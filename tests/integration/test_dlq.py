@@ -20,7 +20,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, DeliveryMode
 
 from shared import dlq
-from shared.topology import DELIVERY_LIMIT, Topology, WorkQueue, declare
+from shared.topology import DELIVERY_LIMIT, Topology, WorkQueue
 from shared.worker import (
     ATTEMPTS,
     FIRST_FAILED_AT,
@@ -132,13 +132,6 @@ async def queue_ids(
 
 def ids(messages: Sequence[AbstractIncomingMessage]) -> list[str]:
     return [m.message_id or "" for m in messages]
-
-
-@pytest.fixture
-async def channel(amqp: AbstractChannel, topology: Topology) -> AbstractChannel:
-    """The test's channel (publisher confirms on) with the test topology declared."""
-    await declare(amqp, topology)
-    return amqp
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ through the proxy.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
@@ -24,9 +22,8 @@ from services.ingest.accept import AcceptorConfig
 from services.ingest.app import create_app
 from shared.broker import BROKER
 from shared.config import Settings
-from shared.migrate import migrate
 from shared.topology import Topology
-from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL, TEST_SECRETS, _require_services
+from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL, TEST_SECRETS, own_database
 from tests.helpers import delivery, drain, eventually, payment_event, signed_headers
 from tests.proxy import TcpProxy
 
@@ -40,31 +37,14 @@ RECONNECT_TIMEOUT_S = 15.0
 
 @pytest.fixture(scope="module")
 def migrated_database() -> Iterator[str]:
-    """A database of this module's own (overrides conftest's shared one).
+    """A database of this module's own (overrides conftest's).
 
-    Every ingest app runs a sweeper that claims any unpublished row in its database; a
-    test run elsewhere on the shared test database would publish (or truncate) the rows
-    these tests strand on purpose.
+    Every ingest app runs a sweeper that claims any unpublished row in its database; another
+    module's ingest would publish (or its `db` fixture truncate) the rows these tests strand
+    on purpose.
     """
-    _require_services()
-    name = f"payhooks_outages_{uuid.uuid4().hex[:10]}"
-    dsn = _with_path(TEST_DATABASE_URL, name)
-    asyncio.run(migrate(dsn))
-    yield dsn
-    asyncio.run(_drop_database(name))
-
-
-def _with_path(url: str, database: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
-
-
-async def _drop_database(name: str) -> None:
-    admin = await asyncpg.connect(TEST_DATABASE_URL, database="postgres", timeout=5)
-    try:
-        quoted = await admin.fetchval("SELECT quote_ident($1)", name)
-        await admin.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
-    finally:
-        await admin.close()
+    with own_database("outages") as url:
+        yield url
 
 
 def _via(url: str, proxy: TcpProxy) -> str:

@@ -18,7 +18,7 @@ from services.ingest.accept import outgoing
 from shared import queries
 from shared.broker import BROKER, to_message
 from shared.config import Settings
-from shared.topology import Topology, declare
+from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import delivery, eventually, payment_event, signed_headers
 from tests.integration.system import (
@@ -85,12 +85,6 @@ def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
 @pytest.fixture
 def metrics_settings(make_settings: Any, smtp: tuple[SmtpSink, int]) -> Settings:
     return system_settings(make_settings, smtp[1])
-
-
-@pytest.fixture
-async def channel(amqp: AbstractChannel, topology: Topology) -> AbstractChannel:
-    await declare(amqp, topology)
-    return amqp
 
 
 @pytest.fixture

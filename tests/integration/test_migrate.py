@@ -9,13 +9,12 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from shared.migrate import load_migrations, migrate
-from tests.conftest import TEST_DATABASE_URL
+from tests.conftest import database_url, run_database_name
 
 REPO = Path(__file__).resolve().parents[2]
 PAYHOOKS = Path(sys.executable).parent / "payhooks"
@@ -24,13 +23,8 @@ MIGRATIONS = [m.name for m in load_migrations()]
 Snapshot = dict[str, list[tuple[Any, ...]]]
 
 
-def _dsn_for(database: str) -> str:
-    parts = urlsplit(TEST_DATABASE_URL)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
 async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(_dsn_for("postgres"))
+    conn = await asyncpg.connect(database_url("postgres"))
     try:
         await conn.execute(sql)
     finally:
@@ -49,11 +43,11 @@ async def fresh_dsn(migrated_database: str) -> AsyncIterator[FreshDsn]:
     names: list[str] = []
 
     async def make(*, create: bool = True) -> str:
-        name = f"payhooks_migrate_{uuid.uuid4().hex}"
+        name = run_database_name(f"migrate_{uuid.uuid4().hex[:12]}")
         names.append(name)
         if create:
             await _admin(f'CREATE DATABASE "{name}"')
-        return _dsn_for(name)
+        return database_url(name)
 
     yield make
     for name in names:

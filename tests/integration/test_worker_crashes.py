@@ -12,30 +12,25 @@ from __future__ import annotations
 import asyncio
 import email
 import email.message
-import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from decimal import Decimal
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
 import orjson
 import pytest
 from aio_pika.abc import AbstractChannel, DeliveryMode
-from aiosmtpd.controller import Controller
 
-from shared import queries
 from shared.config import Settings
 from shared.messages import OrderTransition
-from shared.migrate import migrate
 from shared.service import SHUTDOWN_TIMEOUT_S
 from shared.topology import DELIVERY_LIMIT, Topology, declare
-from tests.conftest import TEST_DATABASE_URL, _require_services
+from tests.conftest import own_database, smtp_server
 from tests.helpers import drain, eventually, payment_event
+from tests.integration.system import register
 from tests.processes import ServiceProcess, ServiceProcesses
 
 # Every wait below is a poll; this bounds one (a worker restart is ~0.5 s on this machine).
@@ -44,30 +39,14 @@ WAIT_S = 15.0
 
 @pytest.fixture(scope="module")
 def migrated_database() -> Iterator[str]:
-    """A database of this module's own (overrides conftest's shared one).
+    """A database of this module's own (overrides conftest's).
 
     These tests hold order row locks for seconds and leave killed workers' sessions behind
-    until the lock goes; on the shared test database another run's TRUNCATE would queue
-    behind those locks and then wipe the orders mid-test.
+    until the lock goes; a TRUNCATE by another module's `db` fixture would queue behind those
+    locks and then wipe the orders mid-test.
     """
-    _require_services()
-    name = f"payhooks_crashes_{uuid.uuid4().hex[:10]}"
-    dsn = urlunsplit(urlsplit(TEST_DATABASE_URL)._replace(path=f"/{name}"))
-    asyncio.run(migrate(dsn))
-    yield dsn
-    asyncio.run(_drop_database(name))
-
-
-async def _drop_database(name: str) -> None:
-    admin: asyncpg.Connection[Any] = await asyncpg.connect(
-        TEST_DATABASE_URL, database="postgres", timeout=5
-    )
-    try:
-        quoted = await admin.fetchval("SELECT quote_ident($1)", name)
-        # FORCE: sessions of killed workers may still linger.
-        await admin.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
-    finally:
-        await admin.close()
+    with own_database("crashes") as url:
+        yield url
 
 
 class StallingSmtp:
@@ -92,15 +71,8 @@ class StallingSmtp:
 @pytest.fixture
 def stalling_smtp() -> Iterator[tuple[StallingSmtp, int]]:
     handler = StallingSmtp()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    controller = Controller(handler, hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
+    with smtp_server(handler) as port:
         yield handler, port
-    finally:
-        controller.stop()
 
 
 @pytest.fixture
@@ -127,22 +99,6 @@ async def processes(
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-async def register(db: Any, payment_id: str, status: str = "PENDING") -> None:
-    await queries.register_order(
-        db,
-        queries.NewOrder(
-            order_id=f"ord_{payment_id}",
-            payment_id=payment_id,
-            user_id=f"user_{payment_id}",
-            email=f"{payment_id}@customer.test",
-            amount=Decimal("100.00"),
-            currency="USD",
-        ),
-    )
-    if status != "PENDING":
-        await queries.save_order_state(db, payment_id, status, Decimal(0), None, [])
 
 
 async def publish(
