@@ -310,6 +310,20 @@ def test_scrape_config_has_a_job_per_service() -> None:
     assert set(jobs) == set(CONTRACT)
 
 
+def test_service_down_alert_watches_exactly_the_scrape_jobs() -> None:
+    """`up` is Prometheus' own series: its job matcher must name every payhooks job, no other."""
+    matchers = [
+        value
+        for expr in rule_expressions()
+        for matchers in re.findall(r"\bup\s*\{([^}]*)\}", expr)
+        for label, _, value in _MATCHER.findall(matchers)
+        if label == "job"
+    ]
+    assert len(matchers) == 1, matchers
+    candidates = set(CONTRACT) | {"node", "prometheus", "ingest-canary"}
+    assert {job for job in candidates if re.fullmatch(matchers[0], job)} == set(CONTRACT)
+
+
 # --- the alert rules and their tests -----------------------------------------------------------
 
 
