@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 import orjson
 from aiohttp import web
+from asyncpg.pool import PoolConnectionProxy
 
 from shared.web import READINESS_CHECKS
 
@@ -18,6 +19,10 @@ CONNECT_TIMEOUT_S = 3.0
 COMMAND_TIMEOUT_S = 5.0
 
 DB_POOL = web.AppKey("db_pool", asyncpg.Pool)
+
+# asyncpg's Pool, Connection and pooled connection all offer fetch/execute; the functions in
+# shared/queries/ take any of them.
+Executor: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 # Errors that mean "the database is unreachable or overloaded right now", worth a retry.
 TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (

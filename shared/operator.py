@@ -15,11 +15,12 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from shared import dlq, queries, support
+from shared import dlq, support
 from shared.config import Settings
 from shared.console import Progress, table
 from shared.db import init_connection
 from shared.orders import OrderValidationError, order_json, parse_new_order
+from shared.queries import orders as orders_sql
 from shared.topology import Topology, build_topology
 
 EXIT_OK = 0
@@ -89,8 +90,8 @@ async def order_add(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     async with database(settings) as conn:
         try:
-            row, created = await queries.register_order(conn, order)
-        except queries.OrderConflictError as e:
+            row, created = await orders_sql.register_order(conn, order)
+        except orders_sql.OrderConflictError as e:
             return _fail(str(e), EXIT_CONFLICT)
     shown = order_json(row)
     if args.json:

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.queries import NewOrder
+from shared.queries.orders import NewOrder
 
 _AMOUNT = re.compile(r"^\d{1,15}(\.\d{1,2})?$")
 _CURRENCY = re.compile(r"^[A-Z]{3}$")

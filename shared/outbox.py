@@ -14,8 +14,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from shared import queries
 from shared.broker import Broker, Outgoing
+from shared.queries import outbox as outbox_sql
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +55,7 @@ class OutboxRelay:
         if not self._broker.is_ready:
             return 0
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await queries.lock_unpublished_outbox(conn, _BATCH)
+            rows = await outbox_sql.lock_unpublished_outbox(conn, _BATCH)
             if not rows:
                 return 0
             messages = [
@@ -73,5 +73,5 @@ class OutboxRelay:
                     break
                 done.append(row.id)
             if done:
-                await queries.mark_outbox_published(conn, done)
+                await outbox_sql.mark_outbox_published(conn, done)
         return len(rows)

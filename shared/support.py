@@ -7,10 +7,13 @@ from typing import Any
 
 import orjson
 
-from shared import queries
+from shared.db import Executor
 from shared.dlq import DeadLetter
 from shared.orders import order_json
-from shared.queries import Executor
+from shared.queries import emails as emails_sql
+from shared.queries import inbox as inbox_sql
+from shared.queries import ledger as ledger_sql
+from shared.queries import orders as orders_sql
 
 
 def _iso(value: Any) -> str | None:
@@ -21,8 +24,8 @@ async def payment_view(
     conn: Executor, payment_id: str, dead_letters: Sequence[DeadLetter]
 ) -> dict[str, Any] | None:
     """Everything payhooks knows about a payment; None if it has never heard of it."""
-    order = await queries.order_for_payment(conn, payment_id)
-    webhooks = await queries.webhooks_for_payment(conn, payment_id)
+    order = await orders_sql.order_for_payment(conn, payment_id)
+    webhooks = await inbox_sql.webhooks_for_payment(conn, payment_id)
     if order is None and not webhooks:
         return None
     dead = {d.event_id: d for d in dead_letters if d.payment_id == payment_id}
@@ -54,7 +57,7 @@ async def payment_view(
                 "event_id": r["event_id"],
                 "at": _iso(r["at"]),
             }
-            for r in await queries.transitions_for_payment(conn, payment_id)
+            for r in await orders_sql.transitions_for_payment(conn, payment_id)
         ],
         "bonus": [
             {
@@ -64,7 +67,7 @@ async def payment_view(
                 "event_id": r["event_id"],
                 "created_at": _iso(r["created_at"]),
             }
-            for r in await queries.ledger_for_payment(conn, payment_id)
+            for r in await ledger_sql.ledger_for_payment(conn, payment_id)
         ],
         "emails": [
             {
@@ -73,7 +76,7 @@ async def payment_view(
                 "recipient": r["recipient"],
                 "sent_at": _iso(r["sent_at"]),
             }
-            for r in await queries.emails_for_payment(conn, payment_id)
+            for r in await emails_sql.emails_for_payment(conn, payment_id)
         ],
         "dead_letters": [d.as_json() for d in dead_letters if d.payment_id == payment_id],
     }
@@ -88,7 +91,7 @@ def _outcome(row: Any, dead: DeadLetter | None) -> str:
 
 
 async def user_bonus(conn: Executor, user_id: str) -> dict[str, Any]:
-    entries = await queries.ledger_for_user(conn, user_id)
+    entries = await ledger_sql.ledger_for_user(conn, user_id)
     return {
         "user_id": user_id,
         "balance": sum(r["points"] for r in entries),

@@ -8,9 +8,10 @@ import orjson
 from aiohttp import web
 
 from services.api.dlq_access import DlqAccess
-from shared import dlq, queries, support
+from shared import dlq, support
 from shared.db import DB_POOL
 from shared.orders import OrderValidationError, order_json, parse_new_order
+from shared.queries import orders as orders_sql
 
 DLQ_ACCESS = web.AppKey("dlq_access", DlqAccess)
 
@@ -35,14 +36,14 @@ async def register_order(request: web.Request) -> web.Response:
     except OrderValidationError as e:
         return json_error(400, "invalid order", fields=e.fields)
     try:
-        row, created = await queries.register_order(request.app[DB_POOL], order)
-    except queries.OrderConflictError as e:
+        row, created = await orders_sql.register_order(request.app[DB_POOL], order)
+    except orders_sql.OrderConflictError as e:
         return json_error(409, str(e))
     return json_response(order_json(row), status=201 if created else 200)
 
 
 async def get_order(request: web.Request) -> web.Response:
-    row = await queries.order_by_id(request.app[DB_POOL], request.match_info["order_id"])
+    row = await orders_sql.order_by_id(request.app[DB_POOL], request.match_info["order_id"])
     if row is None:
         return json_error(404, "order not found")
     return json_response(order_json(row))

@@ -9,8 +9,10 @@ import asyncpg
 import structlog
 
 from services.api.dlq_access import DlqAccess
-from shared import dlq, queries
+from shared import dlq
 from shared.metrics import QueueMetrics
+from shared.queries import inbox as inbox_sql
+from shared.queries import outbox as outbox_sql
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +35,8 @@ async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetr
         # Reading a DLQ's messages is needed for their age; only done for non-empty ones.
         for stat in await dlq.stats(channel, topology):
             metrics.oldest_age.labels(queue=label(stat.queue)).set(stat.oldest_age_seconds or 0)
-    inbox, outbox = await queries.backlog(pool)
+    inbox = await inbox_sql.unpublished_count(pool)
+    outbox = await outbox_sql.unpublished_count(pool)
     metrics.inbox_unpublished.set(inbox)
     metrics.outbox_backlog.set(outbox)
 

@@ -8,10 +8,12 @@ import asyncpg
 import structlog
 
 from services.bonuses.domain import SIGN, EntryKind, entries_due
-from shared import queries
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics
+from shared.queries import ledger as ledger_sql
+from shared.queries import orders as orders_sql
+from shared.queries import processed as processed_sql
 from shared.worker import Delivery, Handler
 
 log = structlog.get_logger(__name__)
@@ -23,18 +25,18 @@ def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) ->
     async def handle(delivery: Delivery) -> str:
         transition = OrderTransition.decode(delivery.body)
         async with pool.acquire() as conn, conn.transaction():
-            order = await queries.order_status_for_update(conn, transition.payment_id)
+            order = await orders_sql.order_status_for_update(conn, transition.payment_id)
             if order is None:
                 raise UnknownPaymentError(f"no order for payment {transition.payment_id}")
-            if not await queries.mark_processed(conn, WORKER, delivery.message_id, "ok"):
+            if not await processed_sql.mark_processed(conn, WORKER, delivery.message_id, "ok"):
                 return "skipped_duplicate"
             existing = {
-                EntryKind(k) for k in await queries.ledger_kinds(conn, transition.payment_id)
+                EntryKind(k) for k in await ledger_sql.ledger_kinds(conn, transition.payment_id)
             }
             added = []
             for kind in entries_due(order["status"], existing):
                 signed = SIGN[kind] * points
-                if await queries.add_ledger_entry(
+                if await ledger_sql.add_ledger_entry(
                     conn,
                     transition.payment_id,
                     order["user_id"],

@@ -15,10 +15,11 @@ import structlog
 
 from services.email.sender import Sender
 from services.email.templates import TEMPLATE_FOR_EVENT, message_id, render
-from shared import queries
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
+from shared.queries import emails as emails_sql
+from shared.queries import orders as orders_sql
 from shared.worker import Delivery, Handler
 
 log = structlog.get_logger(__name__)
@@ -36,10 +37,10 @@ def make_handler(
             return "ok"  # order.cancelled and friends send nothing
         mid = message_id(template, transition.payment_id, email_from)
         async with pool.acquire() as conn, conn.transaction():
-            order = await queries.order_for_payment(conn, transition.payment_id)
+            order = await orders_sql.order_for_payment(conn, transition.payment_id)
             if order is None:
                 raise UnknownPaymentError(f"no order for payment {transition.payment_id}")
-            claimed = await queries.record_email(
+            claimed = await emails_sql.record_email(
                 conn, transition.payment_id, template, mid, order["email"], delivery.message_id
             )
             if not claimed:

@@ -29,10 +29,10 @@ from services.ingest.publishing import (
     wait_published,
 )
 from services.ingest.webhook import Webhook
-from shared import queries
 from shared.broker import Broker
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
+from shared.queries import inbox as inbox_sql
 from shared.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -165,11 +165,11 @@ class Acceptor:
         # touch one row twice in a statement).
         groups: dict[str, list[_Item]] = {}
         for item in batch:
-            key = queries.storable_text(item.webhook.event_id)
+            key = inbox_sql.storable_text(item.webhook.event_id)
             groups.setdefault(key, []).append(item)
         # Sorted: concurrent batches lock the rows they share in the same order (no deadlock).
         entries = [
-            queries.InboxEntry(
+            inbox_sql.InboxEntry(
                 event_id=key,
                 event_type=w.event_type,
                 payment_id=w.payment_id,
@@ -262,14 +262,14 @@ class Acceptor:
         task.add_done_callback(self._tasks.discard)
 
     async def _store(
-        self, entries: list[queries.InboxEntry], claim: uuid.UUID
-    ) -> dict[str, queries.StoredEntry]:
+        self, entries: list[inbox_sql.InboxEntry], claim: uuid.UUID
+    ) -> dict[str, inbox_sql.StoredEntry]:
         """Store the batch in one statement; by event id. If PostgreSQL refuses the data
         itself, store one by one so a single unstorable event can't fail its neighbours;
         the ones it refuses alone are left out of the answer."""
         lease = self._config.claim_lease_s
         try:
-            rows = await queries.store_batch(
+            rows = await inbox_sql.store_batch(
                 self._pool, PROVIDER, entries, claim, lease, self._abandoned.active()
             )
         except asyncpg.DataError:

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 import asyncpg
 import structlog
 
-from shared import queries
 from shared.broker import Broker, Outgoing, publish_error, retrieve_exception
 from shared.errors import UnavailableError
+from shared.queries import inbox as inbox_sql
 from shared.topology import message_id, routing_key
 
 log = structlog.get_logger(__name__)
@@ -130,14 +130,14 @@ class ClaimedPublisher:
                 self._spawn(self._mark_published())
             self._to_mark.append(row.id)
         else:
-            self._spawn(queries.release_claims(self._pool, [row.id], claim))
+            self._spawn(inbox_sql.release_claims(self._pool, [row.id], claim))
 
     async def _mark_published(self) -> None:
         # One UPDATE for the confirms of a short window (a batch's confirms arrive together,
         # and the next batch's soon after), not one per row or per batch.
         await asyncio.sleep(MARK_WINDOW_S)
         ids, self._to_mark = self._to_mark, []
-        await retry_deadlock(lambda: queries.mark_published(self._pool, sorted(ids)))
+        await retry_deadlock(lambda: inbox_sql.mark_published(self._pool, sorted(ids)))
 
     def _forget_old_confirms(self, now: float) -> None:
         horizon = now - CONFIRM_MEMORY_S

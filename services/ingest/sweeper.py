@@ -16,9 +16,9 @@ import structlog
 
 from services.ingest.accept import AcceptorConfig
 from services.ingest.publishing import ClaimedPublisher, ClaimedRow, outgoing
-from shared import queries
 from shared.broker import Broker
 from shared.metrics import IngestMetrics
+from shared.queries import inbox as inbox_sql
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,7 @@ class Sweeper:
         if not self._broker.is_ready:
             return 0  # claiming now would only hold the rows hostage for a lease
         claim = uuid.uuid4()
-        rows = await queries.claim_unpublished(
+        rows = await inbox_sql.claim_unpublished(
             self._pool, claim, self._config.claim_lease_s, self._batch
         )
         if not rows:

@@ -15,10 +15,12 @@ from services.orders.domain import (
     decide,
     parse_event,
 )
-from shared import queries
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.outbox import OutboxRelay
+from shared.queries import orders as orders_sql
+from shared.queries import outbox as outbox_sql
+from shared.queries import processed as processed_sql
 from shared.worker import Delivery, Handler
 
 log = structlog.get_logger(__name__)
@@ -40,16 +42,18 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
             raise InvalidEventError("body is not a JSON object")
         event = parse_event(payload)
         async with pool.acquire() as conn, conn.transaction():
-            row = await queries.lock_order(conn, event.payment_id)
+            row = await orders_sql.lock_order(conn, event.payment_id)
             if row is None:
                 raise UnknownPaymentError(f"no order registered for payment {event.payment_id}")
             state = OrderState.from_row(row)
             decision = decide(state, event)
-            if not await queries.mark_processed(conn, WORKER, delivery.message_id, decision.reason):
+            if not await processed_sql.mark_processed(
+                conn, WORKER, delivery.message_id, decision.reason
+            ):
                 return "skipped_duplicate"
             if decision.new_state is not None:
                 new = decision.new_state
-                await queries.save_order_state(
+                await orders_sql.save_order_state(
                     conn,
                     event.payment_id,
                     new.status.value,
@@ -67,14 +71,14 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
                     to_status=domain_event.to_status.value,
                     source_event_id=delivery.message_id,
                 )
-                await queries.add_transition(
+                await orders_sql.add_transition(
                     conn,
                     event.payment_id,
                     transition.from_status,
                     transition.to_status,
                     delivery.message_id,
                 )
-                await queries.add_to_outbox(
+                await outbox_sql.add_to_outbox(
                     conn, transition.message_id, transition.event, transition.encode()
                 )
         # Decisions the model could not make safely are kept in the safer state and flagged for

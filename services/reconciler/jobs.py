@@ -18,11 +18,12 @@ import orjson
 import structlog
 
 from services.orders.domain import OrderState, ProviderEvent, decide
-from shared import queries
 from shared.broker import Broker, Outgoing
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ReconcilerMetrics
 from shared.provider import PaymentNotFoundError, ProviderClient, ProviderPayment
+from shared.queries import orders as orders_sql
+from shared.queries import retention as retention_sql
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +65,7 @@ async def reconcile_once(
 ) -> int:
     """Check one batch of stale orders; return how many were checked (a full batch means
     there may be more waiting)."""
-    rows = await queries.claim_stale_orders(pool, after_s, again_after_s, BATCH)
+    rows = await orders_sql.claim_stale_orders(pool, after_s, again_after_s, BATCH)
     for row in rows:
         payment_id = row["payment_id"]
         try:
@@ -137,7 +138,7 @@ async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dic
     for table in ("inbox", "outbox", "processed_events"):
         total = 0
         while True:
-            count = await queries.delete_old(pool, table, retention_s, _HOUSEKEEPING_BATCH)
+            count = await retention_sql.delete_old(pool, table, retention_s, _HOUSEKEEPING_BATCH)
             total += count
             if count < _HOUSEKEEPING_BATCH or time.monotonic() - started > 30:
                 break

@@ -26,7 +26,8 @@ from typing import Any, Final
 
 from services.sim.api import PaymentBook
 from services.sim.deliverer import Deliverer, DeliveryRecord, Result, Webhook
-from shared import queries
+from shared.db import Executor
+from shared.queries import orders as orders_sql
 
 FLOWS: Final[Mapping[str, tuple[str, ...]]] = {
     "paid": ("paid",),
@@ -177,13 +178,13 @@ def publish_to_api(plan: Plan, book: PaymentBook) -> None:
         book.set_status(p.payment_id, p.final_status, p.amount, p.currency, p.updated_at)
 
 
-async def register_orders(db: queries.Executor, payments: Sequence[SimPayment]) -> int:
+async def register_orders(db: Executor, payments: Sequence[SimPayment]) -> int:
     """Register the shop's orders (idempotent); return how many were new."""
     created = 0
     for p in payments:
-        _, new = await queries.register_order(
+        _, new = await orders_sql.register_order(
             db,
-            queries.NewOrder(
+            orders_sql.NewOrder(
                 order_id=p.order_id,
                 payment_id=p.payment_id,
                 user_id=p.user_id,

@@ -19,6 +19,10 @@ from typing import Any, Final
 from services.orders.domain import OrderStatus, expected_final_status
 from services.sim.deliverer import DeliveryRecord
 from services.sim.scenario import SimPayment
+from shared.db import Executor
+from shared.queries import emails as emails_sql
+from shared.queries import ledger as ledger_sql
+from shared.queries import orders as orders_sql
 
 BONUS_POINTS: Final = 500
 _EARNING: Final = frozenset({OrderStatus.PAID, OrderStatus.SETTLED})
@@ -152,27 +156,16 @@ def mismatches(
     return problems
 
 
-async def actual_effects(db: Any, payment_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+async def actual_effects(db: Executor, payment_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """What payhooks recorded per payment: order status, bonus balance, emails sent."""
-    orders = await db.fetch(
-        "SELECT payment_id, status FROM orders WHERE payment_id = ANY($1::text[])", payment_ids
-    )
-    ledger = await db.fetch(
-        "SELECT payment_id, sum(points)::bigint AS bonus FROM bonus_ledger"
-        " WHERE payment_id = ANY($1::text[]) GROUP BY payment_id",
-        payment_ids,
-    )
-    emails = await db.fetch(
-        "SELECT payment_id, template FROM emails_sent WHERE payment_id = ANY($1::text[])",
-        payment_ids,
-    )
-    actual: dict[str, dict[str, Any]] = {
-        r["payment_id"]: {"status": r["status"], "bonus": 0, "emails": []} for r in orders
+    statuses = await orders_sql.statuses(db, payment_ids)
+    balances = await ledger_sql.balances(db, payment_ids)
+    sent = await emails_sql.templates_sent(db, payment_ids)
+    return {
+        payment_id: {
+            "status": status,
+            "bonus": balances.get(payment_id, 0),
+            "emails": sent.get(payment_id, []),
+        }
+        for payment_id, status in statuses.items()
     }
-    for r in ledger:
-        if r["payment_id"] in actual:
-            actual[r["payment_id"]]["bonus"] = int(r["bonus"])
-    for r in emails:
-        if r["payment_id"] in actual:
-            actual[r["payment_id"]]["emails"].append(r["template"])
-    return actual

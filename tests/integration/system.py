@@ -23,9 +23,9 @@ from services.bonuses.app import create_app as bonuses_app
 from services.email.app import create_app as email_app
 from services.ingest.app import create_app as ingest_app
 from services.orders.app import create_app as orders_app
-from shared import queries
 from shared.broker import BROKER
 from shared.config import Settings
+from shared.queries import orders as orders_sql
 from shared.topology import Topology
 from shared.web import REGISTRY
 from shared.worker import ATTEMPTS, FIRST_FAILED_AT, LAST_ERROR, LAST_FAILED_AT, ORIGINAL_QUEUE
@@ -142,9 +142,9 @@ async def register(
     db: Any, payment_id: str, amount: str = "100.00", status: str = "PENDING"
 ) -> None:
     """An order for `payment_id` (ord_<id>, user_<id>, USD), optionally already in `status`."""
-    await queries.register_order(
+    await orders_sql.register_order(
         db,
-        queries.NewOrder(
+        orders_sql.NewOrder(
             order_id=f"ord_{payment_id}",
             payment_id=payment_id,
             user_id=f"user_{payment_id}",
@@ -154,7 +154,7 @@ async def register(
         ),
     )
     if status != "PENDING":
-        await queries.save_order_state(db, payment_id, status, Decimal(0), None, [])
+        await orders_sql.save_order_state(db, payment_id, status, Decimal(0), None, [])
 
 
 async def post(client: TestClient, payload: dict[str, Any], event_id: str | None = None) -> Any:

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.api.app import create_app as api_app
 from services.ingest.accept import outgoing
-from shared import queries
 from shared.broker import BROKER, to_message
 from shared.config import Settings
+from shared.queries import outbox as outbox_sql
 from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import delivery, eventually, payment_event, signed_headers
@@ -280,7 +280,7 @@ async def test_api_gauges_show_queue_depths_dlq_age_and_backlogs(
             work["bonuses"].name,
             mandatory=True,
         )
-    await queries.add_to_outbox(db, new_id("evt") + ":order.paid", "order.paid", b"{}")
+    await outbox_sql.add_to_outbox(db, new_id("evt") + ":order.paid", "order.paid", b"{}")
 
     def reflects(samples: Samples) -> bool:
         return (

@@ -1,0 +1,162 @@
+"""Orders and their transitions: registration, the row lock every effect takes, state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+import asyncpg
+
+from shared.db import Executor
+
+
+@dataclass(frozen=True, slots=True)
+class NewOrder:
+    order_id: str
+    payment_id: str
+    user_id: str
+    email: str
+    amount: Decimal
+    currency: str
+
+
+class OrderConflictError(Exception):
+    """The order id or payment id is already registered with different details."""
+
+
+_ORDER_COLUMNS = (
+    "order_id, payment_id, user_id, email, amount, currency, status, refunded_amount,"
+    " refunded_at, refund_ids, created_at, updated_at"
+)
+
+
+async def register_order(conn: Executor, order: NewOrder) -> tuple[asyncpg.Record, bool]:
+    """Insert the order; idempotent on order_id. Returns (row, created)."""
+    try:
+        row = await conn.fetchrow(
+            "INSERT INTO orders (order_id, payment_id, user_id, email, amount, currency)"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (order_id) DO NOTHING"
+            f" RETURNING {_ORDER_COLUMNS}",
+            order.order_id,
+            order.payment_id,
+            order.user_id,
+            order.email,
+            order.amount,
+            order.currency,
+        )
+    except asyncpg.UniqueViolationError:
+        raise OrderConflictError(f"payment {order.payment_id} belongs to another order") from None
+    if row is not None:
+        return row, True
+    existing = await conn.fetchrow(
+        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order.order_id
+    )
+    if existing is None:  # deleted between the two statements: let the caller retry
+        raise OrderConflictError(f"order {order.order_id} changed concurrently")
+    same = (
+        existing["payment_id"] == order.payment_id
+        and existing["user_id"] == order.user_id
+        and existing["email"] == order.email
+        and existing["amount"] == order.amount
+        and existing["currency"] == order.currency
+    )
+    if not same:
+        raise OrderConflictError(f"order {order.order_id} is registered with other details")
+    return existing, False
+
+
+async def lock_order(conn: Executor, payment_id: str) -> asyncpg.Record | None:
+    """The order of a payment, row-locked until the transaction ends (one writer at a time)."""
+    return await conn.fetchrow(
+        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE payment_id = $1 FOR UPDATE", payment_id
+    )
+
+
+async def save_order_state(
+    conn: Executor,
+    payment_id: str,
+    status: str,
+    refunded_amount: Decimal,
+    refunded_at: datetime | None,
+    refund_ids: Sequence[str],
+) -> None:
+    await conn.execute(
+        "UPDATE orders SET status = $2, refunded_amount = $3, refunded_at = $4,"
+        " refund_ids = $5, updated_at = now() WHERE payment_id = $1",
+        payment_id,
+        status,
+        refunded_amount,
+        refunded_at,
+        list(refund_ids),
+    )
+
+
+async def add_transition(
+    conn: Executor, payment_id: str, from_status: str, to_status: str, event_id: str
+) -> None:
+    await conn.execute(
+        "INSERT INTO order_transitions (payment_id, from_status, to_status, event_id)"
+        " VALUES ($1, $2, $3, $4)",
+        payment_id,
+        from_status,
+        to_status,
+        event_id,
+    )
+
+
+async def order_status_for_update(conn: Executor, payment_id: str) -> asyncpg.Record | None:
+    """The order's status and user, locked: one bonus decision per payment at a time."""
+    return await conn.fetchrow(
+        "SELECT status, user_id FROM orders WHERE payment_id = $1 FOR UPDATE", payment_id
+    )
+
+
+async def order_for_payment(conn: Executor, payment_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE payment_id = $1", payment_id
+    )
+
+
+async def order_by_id(conn: Executor, order_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order_id)
+
+
+async def transitions_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT from_status, to_status, event_id, at FROM order_transitions"
+        " WHERE payment_id = $1 ORDER BY id",
+        payment_id,
+    )
+
+
+_CLAIM_STALE = """
+UPDATE orders SET reconciled_at = now()
+WHERE payment_id IN (
+    SELECT payment_id FROM orders
+    WHERE status IN ('PENDING', 'AMOUNT_MISMATCH')
+      AND updated_at < now() - make_interval(secs => $1)
+      AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $2))
+    ORDER BY updated_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, refund_ids
+"""
+
+
+async def claim_stale_orders(
+    conn: Executor, after_s: float, again_after_s: float, limit: int
+) -> list[asyncpg.Record]:
+    """Orders still undecided after `after_s`, not asked about in the last `again_after_s`;
+    marked as asked in the same statement, so other reconcilers skip them."""
+    return await conn.fetch(_CLAIM_STALE, after_s, again_after_s, limit)
+
+
+async def statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, str]:
+    """payment id -> order status, for the payments that have an order."""
+    rows = await conn.fetch(
+        "SELECT payment_id, status FROM orders WHERE payment_id = ANY($1::text[])",
+        list(payment_ids),
+    )
+    return {r["payment_id"]: r["status"] for r in rows}

@@ -1,0 +1,20 @@
+"""Deleting what is past the retention period (the reconciler's housekeeping)."""
+
+from __future__ import annotations
+
+from shared.db import Executor
+
+
+async def delete_old(conn: Executor, table: str, retention_s: float, limit: int) -> int:
+    """Delete up to `limit` rows past the retention; never an unpublished inbox/outbox row."""
+    statements = {
+        "inbox": "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE received_at <"
+        " now() - make_interval(secs => $1) AND published_at IS NOT NULL LIMIT $2)",
+        "outbox": "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE created_at <"
+        " now() - make_interval(secs => $1) AND published_at IS NOT NULL LIMIT $2)",
+        "processed_events": "DELETE FROM processed_events WHERE (worker, event_id) IN (SELECT"
+        " worker, event_id FROM processed_events WHERE processed_at <"
+        " now() - make_interval(secs => $1) LIMIT $2)",
+    }
+    result = await conn.execute(statements[table], retention_s, limit)
+    return int(result.split()[-1])
