@@ -64,7 +64,13 @@ demo: install
 		until curl -sf localhost:$$port/readyz >/dev/null; do sleep 0.5; done; done; \
 	$(BIN)/payhooks sim --payments 300 --duplicates 0.1 --reorder 0.2 --lost 0.03 \
 		--concurrency 10 --linger 10 --check > demo-summary.txt; status=$$?; \
-	head -n 2 demo-summary.txt; grep -E '^(MISMATCH|check:)' demo-summary.txt; \
-	echo "full summary: demo-summary.txt, service logs: demo.log; look at one payment with"; \
-	echo "  DATABASE_URL=postgresql://postgres@127.0.0.1:5432/payhooks_demo AMQP_PREFIX=demo. $(BIN)/payhooks payment show <id>"; \
+	for port in 8080 8081 9101 9102 9103 9104; do \
+		echo "# localhost:$$port/metrics"; curl -sf localhost:$$port/metrics | grep '^payhooks_'; done > demo-metrics.txt; \
+	head -n 1 demo-summary.txt; grep '^MISMATCH' demo-summary.txt; sed -n '/^check:/,$$p' demo-summary.txt; \
+	echo; echo "where to look:"; \
+	echo "  demo-summary.txt  every delivery and payment with its expected outcome"; \
+	echo "  demo-metrics.txt  /metrics of every service at the end (payhooks_* series)"; \
+	echo "  demo.log          the services' logs"; \
+	echo "  one payment:      DATABASE_URL=postgresql://postgres@127.0.0.1:5432/payhooks_demo AMQP_PREFIX=demo. $(BIN)/payhooks payment show <id>"; \
+	echo "  live:             make run, then curl localhost:8080/metrics (ingest), localhost:8081/metrics (queues, DLQs)"; \
 	exit $$status

@@ -20,13 +20,17 @@ import orjson
 from services.sim import scenario
 from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import TIMEOUT_S, Deliverer
-from services.sim.summary import actual_effects, mismatches, summarize
+from services.sim.summary import Summary, actual_effects, mismatches, summarize
+from shared import dlq, operator
 from shared.config import ConfigError, Settings
+from shared.console import table
 from shared.db import create_pool
+from shared.queries import orders as orders_sql
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some delivery ended FAILED
 EXIT_USAGE = 2
+_CHECK_POLL_S = 0.5
 
 
 def _out(text: str) -> None:
@@ -58,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--check",
         action="store_true",
         help="after --linger, compare every payment with what payhooks did (exit 1 if any differs)",
+    )
+    parser.add_argument(
+        "--check-timeout",
+        type=float,
+        default=30.0,
+        help="with --check: seconds to wait for the workers to settle before a mismatch counts",
     )
     parser.add_argument("--json", action="store_true")
 
@@ -120,25 +130,63 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
             await asyncio.sleep(args.linger)
         problems: dict[str, str] = {}
         if args.check:
-            pool = await create_pool(settings.database_url)
-            try:
-                actual = await actual_effects(pool, [p.payment_id for p in plan.payments])
-            finally:
-                await pool.close()
-            problems = mismatches(summary.expectations, actual)
-            for payment_id, why in sorted(problems.items()):
-                _out(f"MISMATCH {payment_id}: {why}")
-            statuses = Counter(a["status"] for a in actual.values())
-            _out(
-                f"check: {len(plan.payments) - len(problems)}/{len(plan.payments)} payments as"
-                f" expected; final states {dict(sorted(statuses.items()))}; bonus points"
-                f" {sum(a['bonus'] for a in actual.values())};"
-                f" emails {sum(len(a['emails']) for a in actual.values())}"
-            )
+            payment_ids = [p.payment_id for p in plan.payments]
+            problems = await _check(settings, summary, payment_ids, args.check_timeout)
     finally:
         await runner.cleanup()
     failed = summary.counts().get("FAILED", 0) or problems
     return EXIT_FAILED if failed else EXIT_OK
+
+
+async def _check(
+    settings: Settings, summary: Summary, payment_ids: list[str], timeout_s: float
+) -> dict[str, str]:
+    """Compare every payment with what payhooks did, print the mismatches, the `check:` line
+    and a table of the outcome; return the mismatches. Effects trail the webhooks (queues,
+    retries, reconciliation), so a mismatch counts only if it outlasts `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    pool = await create_pool(settings.database_url)
+    try:
+        while True:
+            actual = await actual_effects(pool, payment_ids)
+            problems = mismatches(summary.expectations, actual)
+            if not problems or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(_CHECK_POLL_S)
+        repairs = await orders_sql.reconciled_transitions(pool, payment_ids)
+    finally:
+        await pool.close()
+    for payment_id, why in sorted(problems.items()):
+        _out(f"MISMATCH {payment_id}: {why}")
+    states = dict(sorted(Counter(a["status"] for a in actual.values()).items()))
+    points = sum(a["bonus"] for a in actual.values())
+    emails = Counter(template for a in actual.values() for template in a["emails"])
+    _out(
+        f"check: {len(payment_ids) - len(problems)}/{len(payment_ids)} payments as expected;"
+        f" final states {states}; bonus points {points}; emails {emails.total()}"
+    )
+    try:
+        async with operator.broker(settings) as (channel, topology):
+            dead = {work.dlq: await dlq.depth(channel, work.dlq) for work in topology.work.values()}
+        dead_letters = ", ".join(
+            f"{queue.removeprefix(settings.amqp_prefix)} {count}" for queue, count in dead.items()
+        )
+    except operator.UnreachableError as e:
+        dead_letters = str(e)
+    _out("")
+    table(
+        ["outcome", "value"],
+        [
+            ["payments", f"{len(payment_ids)} ({len(payment_ids) - len(problems)} as expected)"],
+            ["final states", ", ".join(f"{k} {v}" for k, v in states.items())],
+            ["bonus points", f"{points:,} net"],
+            ["emails", ", ".join(f"{k} {v}" for k, v in sorted(emails.items())) or "0"],
+            ["repairs", f"{repairs} transitions made by the reconciler (lost webhooks)"],
+            ["dead letters", dead_letters],
+        ],
+        out=sys.stdout,
+    )
+    return problems
 
 
 def main(argv: Sequence[str] | None = None) -> None:

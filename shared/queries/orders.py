@@ -160,3 +160,13 @@ async def statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, str]
         list(payment_ids),
     )
     return {r["payment_id"]: r["status"] for r in rows}
+
+
+async def reconciled_transitions(conn: Executor, payment_ids: Sequence[str]) -> int:
+    """Transitions of these payments made by the reconciler's synthetic events (repairs)."""
+    count = await conn.fetchval(
+        "SELECT count(*) FROM order_transitions"
+        " WHERE payment_id = ANY($1::text[]) AND event_id LIKE 'reconcile:%'",
+        list(payment_ids),
+    )
+    return int(count)

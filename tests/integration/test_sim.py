@@ -4,7 +4,9 @@ orders, bonuses and email, and repaired by reconcile_once against the simulator'
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from services.ingest.signatures import verify
 from services.reconciler.jobs import reconcile_once
+from services.sim import run as sim_run
 from services.sim import scenario
 from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import Deliverer, Result, Webhook
@@ -23,10 +26,12 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.provider import ProviderClient, ProviderPolicy
+from shared.queries import orders as orders_sql
 from shared.topology import Topology
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import eventually
 from tests.integration.system import depths, dlqs, smtp_counts, start_system, system_settings
+from tests.processes import free_port
 from tests.proxy import TcpProxy
 
 API_KEY = "sim-provider-key"
@@ -142,6 +147,8 @@ async def test_simulated_traffic_ends_in_the_expected_state(
             "payhooks_reconcile_checked_total", {"result": "repaired"}
         )
         assert repairs == len(lost)
+        # One transition per repaired payment carries the reconciler's synthetic event id.
+        assert await orders_sql.reconciled_transitions(db, every) == len(lost)
 
         # Every email reached SMTP once; nothing was dead-lettered.
         assert all(n == 1 for n in smtp_counts(smtp[0]).values())
@@ -152,6 +159,56 @@ async def test_simulated_traffic_ends_in_the_expected_state(
         await broker.close()
         await pool.close()
         await runner.cleanup()
+
+
+async def test_sim_command_checks_every_payment_and_prints_the_outcome_table(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`payhooks sim --check` (what `make demo` runs) against a running system: exit 0, the
+    `check:` line and the table with payments, states, bonus, emails, repairs, dead letters."""
+    settings: Settings = make_settings(
+        SMTP_PORT=str(smtp[1]), EMAIL_FROM="shop@example.test", XHUB_API_KEY=API_KEY
+    )
+    system = await start_system(aiohttp_client, settings, amqp, topology)
+    ingest = system.ingest.server
+    args = argparse.Namespace(
+        ingest_url=f"http://{ingest.host}:{ingest.port}",
+        api_host="127.0.0.1",
+        api_port=free_port(),
+        payments=12,
+        duplicates=0.2,
+        reorder=0.2,
+        lost=0.0,  # nothing for a reconciler to repair: none runs here
+        concurrency=4,
+        merchants=2,
+        flows={"paid": 1, "refunded": 1},
+        seed=3,
+        time_scale=100.0,
+        timeout=5.0,
+        linger=1.0,
+        check=True,
+        check_timeout=20.0,
+        json=False,
+    )
+    assert await sim_run.command(settings, args) == sim_run.EXIT_OK
+    out = capsys.readouterr().out
+    assert "check: 12/12 payments as expected" in out
+    table = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in out[out.index("OUTCOME") :].splitlines()[1:]
+        if line.strip()
+    )
+    assert table["payments"] == "12 (12 as expected)"
+    assert table["repairs"].startswith("0 transitions")
+    assert table["dead letters"] == "orders.dlq 0, bonuses.dlq 0, emails.dlq 0"
+    emails = await db.fetchval("SELECT count(*) FROM emails_sent")
+    assert str(emails) == str(sum(int(n) for n in re.findall(r"\d+", table["emails"])))
 
 
 class Flaky:
