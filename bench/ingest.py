@@ -17,9 +17,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,13 +26,13 @@ import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
 import aio_pika
 import asyncpg
 
+from bench.backing import reset, topology_of
 from bench.load import Clients, Plan, Summary, make_plan, summarize
 from bench.observe import (
     CLK_TCK,
@@ -47,10 +44,8 @@ from bench.observe import (
     scrape,
     wait_quiet,
 )
-from shared.config import Settings
-from shared.topology import Topology, build_topology, delete
+from bench.processes import ROOT, OwnedProcess, free_port, migrate, payhooks, service_env
 
-ROOT = Path(__file__).resolve().parents[1]
 BENCH_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/payhooks_bench"
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 # Measured on the 2-core machine (batched, n=20,000, C=64): 2 client processes reach ~10%
@@ -108,31 +103,22 @@ class Check:
 # --- servers we own ---------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def server_command(name: str) -> list[str]:
     if name == "naive":
         return [sys.executable, "-m", "bench.naive_ingest"]
-    payhooks = shutil.which("payhooks", path=str(Path(sys.executable).parent)) or "payhooks"
-    return [payhooks, "run", "ingest"] if name == "batched" else [payhooks, name]
+    return payhooks("run", "ingest")
 
 
-class Server:
+class Server(OwnedProcess):
     """One ingest subprocess we own: started on a free port, stopped with SIGTERM."""
 
     def __init__(self, name: str, env: dict[str, str], log: IO[bytes], errors: IO[bytes]) -> None:
         self.name = name
-        self.port = _free_port()
+        self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._env = {**env, "INGEST_PORT": str(self.port)}
         self._log = log
         self._errors = errors
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
         self.process = subprocess.Popen(
@@ -157,30 +143,8 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} ingest not ready in {ready_timeout_s}s")
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
-
 
 # --- the database and the broker --------------------------------------------------------------
-
-
-async def _reset(database_url: str, amqp_url: str, topology: Topology) -> None:
-    """Empty the inbox and remove the server's topology: a clean start, a clean end."""
-    conn = await asyncpg.connect(database_url, timeout=5)
-    try:
-        await conn.execute("TRUNCATE inbox RESTART IDENTITY")
-    finally:
-        await conn.close()
-    connection = await aio_pika.connect(amqp_url, timeout=5)
-    async with connection:
-        await delete(await connection.channel(), topology)
 
 
 async def _check(
@@ -305,21 +269,17 @@ def run_one(
 
 def run_owned(name: str, args: argparse.Namespace) -> Result:
     secret = secrets.token_hex(16)
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("INGEST_TLS_", "XHUB_", "AMQP_"))
-    }
-    env.update(
-        DATABASE_URL=args.database_url,
-        AMQP_URL=args.amqp_url,
-        AMQP_PREFIX=args.prefix,
-        XHUB_WEBHOOK_SECRETS=secret,
-        XHUB_TIMESTAMP_TOLERANCE="3600",
-        LOG_LEVEL=args.server_log_level,
-        PYTHONPATH=str(ROOT),
+    env = service_env(
+        ("INGEST_TLS_", "XHUB_", "AMQP_"),
+        database_url=args.database_url,
+        amqp_url=args.amqp_url,
+        prefix=args.prefix,
+        secret=secret,
+        log_level=args.server_log_level,
     )
-    settings = Settings.from_env(env)  # the names the server will declare (retry tiers too)
-    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
-    asyncio.run(_reset(args.database_url, args.amqp_url, topology))
+    topology = topology_of(env)
+    # A clean start, and a clean end below: the inbox emptied, the server's topology removed.
+    asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox"))
     with open(args.server_log, "ab") as log, tempfile.TemporaryFile() as errors:
         server = Server(name, env, log, errors)
         try:
@@ -329,7 +289,7 @@ def run_owned(name: str, args: argparse.Namespace) -> Result:
             return run_one(name, args, server.base_url, server.process.pid, secret.encode())
         finally:
             server.stop()
-            asyncio.run(_reset(args.database_url, args.amqp_url, topology))
+            asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox"))
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -464,11 +424,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _migrate(database_url: str) -> None:
-    env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "WARNING"}
-    subprocess.run(server_command("migrate"), env=env, check=True, stdout=subprocess.DEVNULL)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(
@@ -481,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_one("ingest", args, base_url, args.pid, args.secret.encode())
         print_table([result])
         return 0 if result.correct else 1
-    _migrate(args.database_url)
+    migrate(args.database_url)
     results = [run_owned(name, args) for name in ("batched", "naive") if args.only in (None, name)]
     print()
     print_table(results)

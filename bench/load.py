@@ -1,4 +1,5 @@
-"""Load generation for `bench.ingest`: signed deliveries, client processes, latency stats.
+"""Load generation for `bench.ingest`: signed deliveries, client processes (`bench.workers`'s
+are built on the same ClientProcesses), latency stats.
 
 Deliveries are generated up front (signing is not part of what is measured). Each client
 process drives its share with a fixed pool of workers over one keep-alive TCPConnector;
@@ -13,8 +14,9 @@ import random
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 import orjson
@@ -25,6 +27,7 @@ from services.ingest.signatures import sign
 Delivery = tuple[dict[str, str], bytes]
 
 REQUEST_TIMEOUT_S = 15.0
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,41 +202,30 @@ def _client_process(
     results.put(tally)
 
 
-class Clients:
-    """`processes` client processes splitting the deliveries and the concurrency between them.
+class ClientProcesses(Generic[R]):
+    """Client processes that start their measured phase together at a barrier, each putting
+    one result (R) on a queue.
 
-    Use: `start()`, then `wait_started()` returns when the measured phase begins (after the
-    warm-up), then `join()` returns one Tally per process.
+    `target(*share, barrier, results)` runs in each process, one `share` of arguments each.
+    Use: `start()`, then `wait_started()` returns when the measured phase begins, then
+    `join()` returns one result per process.
     """
 
     def __init__(
         self,
-        url: str,
-        warmup: list[Delivery],
-        deliveries: list[Delivery],
-        concurrency: int,
-        processes: int,
+        target: Callable[..., None],
+        shares: list[tuple[Any, ...]],
         max_seconds: float,
+        start_timeout_s: float,
     ) -> None:
         context = multiprocessing.get_context("fork")  # the deliveries are inherited, not copied
-        self._barrier = context.Barrier(processes + 1)
+        self._barrier = context.Barrier(len(shares) + 1)
         self._results = context.Queue()
         self._max_seconds = max_seconds
+        self._start_timeout_s = start_timeout_s
         self._processes = [
-            context.Process(
-                target=_client_process,
-                args=(
-                    url,
-                    warmup[i::processes],
-                    deliveries[i::processes],
-                    concurrency // processes + (i < concurrency % processes),
-                    max_seconds,
-                    self._barrier,
-                    self._results,
-                ),
-                daemon=True,
-            )
-            for i in range(processes)
+            context.Process(target=target, args=(*share, self._barrier, self._results), daemon=True)
+            for share in shares
         ]
 
     @property
@@ -245,22 +237,53 @@ class Clients:
             process.start()
 
     def wait_started(self) -> None:
-        self._barrier.wait(timeout=self._max_seconds + 30)
+        self._barrier.wait(timeout=self._start_timeout_s)
 
-    def join(self) -> list[Tally]:
-        tallies = [
+    def join(self) -> list[R]:
+        results: list[R] = [
             self._results.get(timeout=self._max_seconds + REQUEST_TIMEOUT_S + 30)
             for _ in self._processes
         ]
         for process in self._processes:
             process.join(timeout=10)
-        return tallies
+        return results
 
     def stop(self) -> None:
         for process in self._processes:
             if process.is_alive():
                 process.kill()
                 process.join(timeout=5)
+
+
+def share_of(concurrency: int, processes: int, i: int) -> int:
+    """Process i's part of the connections: an even split, the remainder to the first ones."""
+    return concurrency // processes + (i < concurrency % processes)
+
+
+class Clients(ClientProcesses[Tally]):
+    """`processes` client processes splitting the deliveries and the concurrency between them;
+    the measured phase begins after each has sent its share of the warm-up."""
+
+    def __init__(
+        self,
+        url: str,
+        warmup: list[Delivery],
+        deliveries: list[Delivery],
+        concurrency: int,
+        processes: int,
+        max_seconds: float,
+    ) -> None:
+        shares = [
+            (
+                url,
+                warmup[i::processes],
+                deliveries[i::processes],
+                share_of(concurrency, processes, i),
+                max_seconds,
+            )
+            for i in range(processes)
+        ]
+        super().__init__(_client_process, shares, max_seconds, start_timeout_s=max_seconds + 30)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
-"""What the benchmark watches besides the answers: CPU per process group, the machine's load,
-the ingest's peak RSS and its Prometheus samples. Linux /proc only (psutil is not needed)."""
+"""What the benchmarks watch besides the answers: CPU per process group, the machine's load
+(and other benchmarks running), peak RSS and Prometheus samples. Linux /proc only."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -87,18 +88,24 @@ def wait_quiet(max_wait_s: float, max_busy: float = 0.15) -> None:
     print(f"  machine busy before the run: {busy:.0%} of {os.cpu_count()} cores{note}", flush=True)
 
 
-def scrape(base_url: str) -> dict[str, float]:
-    """The server's unlabelled Prometheus samples (empty if /metrics cannot be read)."""
+def scrape_labelled(base_url: str) -> dict[str, float]:
+    """Every Prometheus sample of a service, keyed by its name with labels (empty if /metrics
+    cannot be read)."""
     samples: dict[str, float] = {}
     with (
         contextlib.suppress(OSError, urllib.error.URLError, ValueError),
         urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response,
     ):
         for line in response.read().decode().splitlines():
-            if line and not line.startswith("#") and "{" not in line:
-                name, value = line.split()[:2]
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
                 samples[name] = float(value)
     return samples
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """The server's unlabelled Prometheus samples (empty if /metrics cannot be read)."""
+    return {k: v for k, v in scrape_labelled(base_url).items() if "{" not in k}
 
 
 def mean_delta(before: dict[str, float], after: dict[str, float], metric: str) -> float | None:
@@ -106,3 +113,90 @@ def mean_delta(before: dict[str, float], after: dict[str, float], metric: str) -
     if count <= 0:
         return None
     return (after.get(f"{metric}_sum", 0) - before.get(f"{metric}_sum", 0)) / count
+
+
+def worker_metrics(
+    before: dict[str, float], after: dict[str, float], worker: str
+) -> tuple[float | None, dict[str, int]]:
+    """A worker's mean handling time in ms (None if it handled nothing) and its outcome
+    counts between two labelled scrapes."""
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    label = f'{{worker="{worker}"}}'
+    count = delta(f"payhooks_processing_duration_seconds_count{label}")
+    total_s = delta(f"payhooks_processing_duration_seconds_sum{label}")
+    outcomes: dict[str, int] = {}
+    pattern = re.compile(r"payhooks_messages_processed_total\{(.*)\}")
+    for key in after:
+        match = pattern.fullmatch(key)
+        if match and f'worker="{worker}"' in match.group(1):
+            outcome = re.search(r'outcome="([^"]*)"', match.group(1))
+            if outcome and (n := int(delta(key))):
+                outcomes[outcome.group(1)] = n
+    return (total_s / count * 1000 if count > 0 else None), outcomes
+
+
+Snapshot = tuple[float, tuple[int, int], dict[int, tuple[str, int]]]
+
+
+class CpuGroups:
+    """CPU per process group: ours by pid, the rest as cpu_ticks groups them."""
+
+    def __init__(self, groups: dict[int, str], skip: list[int], database: str) -> None:
+        self._groups = groups
+        self._skip = skip
+        self._database = database
+
+    def snapshot(self) -> Snapshot:
+        ticks = cpu_ticks(None, self._skip, self._database)
+        relabelled = {pid: (self._groups.get(pid, g), t) for pid, (g, t) in ticks.items()}
+        return time.monotonic(), busy_idle(), relabelled
+
+    @staticmethod
+    def pct(before: Snapshot, after: Snapshot) -> dict[str, float]:
+        """% of one core per group between two snapshots, and `all` for the whole machine."""
+        wall = after[0] - before[0]
+        used = cpu_used(before[2], after[2])
+        pct = {group: 100 * ticks / CLK_TCK / wall for group, ticks in used.items()}
+        pct["all"] = 100 * (after[1][0] - before[1][0]) / CLK_TCK / wall
+        return pct
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    return pids
+
+
+def other_benchmarks() -> list[int]:
+    """Pids running `bench.ingest` (what `pgrep -f bench.ingest` finds, less shells that only
+    mention it: the module name must be a whole argument)."""
+    found, mine = [], _ancestors()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"bench.ingest" in argv or any(a.endswith(b"bench/ingest.py") for a in argv):
+                found.append(int(entry.name))
+    return found
+
+
+def wait_for_other_benchmarks(max_wait_s: float) -> None:
+    deadline = time.monotonic() + max_wait_s
+    announced = False
+    while (pids := other_benchmarks()) and time.monotonic() < deadline:
+        if not announced:
+            print(f"  waiting for bench.ingest (pids {pids}) to end...", flush=True)
+            announced = True
+        time.sleep(5)
+    if pids:
+        print(f"  WARNING: bench.ingest still running (pids {pids}): figures will be low")

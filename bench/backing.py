@@ -1,0 +1,74 @@
+"""PostgreSQL and RabbitMQ as the benchmarks see them: a clean start (tables emptied, a
+prefixed topology deleted), queue depths and consumers, the database's commit count."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aio_pika
+import asyncpg
+
+from shared.config import Settings
+from shared.topology import Topology, build_topology, delete
+
+
+def topology_of(env: dict[str, str]) -> Topology:
+    """The names the services started with `env` will declare (retry tiers too)."""
+    settings = Settings.from_env(env)
+    return build_topology(settings.amqp_prefix, settings.retry_delays_s)
+
+
+async def reset(database_url: str, amqp_url: str, topology: Topology, tables: str) -> None:
+    """Empty `tables` (a constant list, never user input) and remove `topology`, which a
+    killed run may have left behind."""
+    conn = await asyncpg.connect(database_url, timeout=5)
+    try:
+        await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
+    finally:
+        await conn.close()
+    await delete_topology(amqp_url, topology)
+
+
+async def delete_topology(amqp_url: str, topology: Topology) -> None:
+    connection = await aio_pika.connect(amqp_url, timeout=5)
+    async with connection:
+        await delete(await connection.channel(), topology)
+
+
+async def commit_count(database_url: str) -> int:
+    """Transactions committed in the bench database so far (PostgreSQL's statistics)."""
+    conn = await asyncpg.connect(database_url, timeout=5)
+    try:
+        value = await conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    return int(value or 0)
+
+
+async def queue_counts(amqp_url: str, queues: list[str]) -> dict[str, tuple[int, int]]:
+    """(messages, consumers) per queue; a queue that does not exist counts as (-1, 0)."""
+    found: dict[str, tuple[int, int]] = {}
+    connection = await aio_pika.connect(amqp_url, timeout=5)
+    async with connection:
+        for name in queues:
+            channel = await connection.channel()
+            try:
+                declared = await channel.declare_queue(name, passive=True)
+            except aio_pika.exceptions.ChannelClosed:
+                found[name] = (-1, 0)
+                continue
+            result = declared.declaration_result
+            found[name] = (result.message_count or 0, result.consumer_count or 0)
+            await channel.close()
+    return found
+
+
+def wait_consumed(amqp_url: str, queues: list[str], deadline: float) -> None:
+    """Until every queue has a consumer; RuntimeError past `deadline` (monotonic)."""
+    while any(c < 1 for _, c in asyncio.run(queue_counts(amqp_url, queues)).values()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers are not consuming their queues")
+        time.sleep(0.2)
