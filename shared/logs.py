@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from typing import Any
 
 import orjson
 import structlog
+
+
+def _dumps(event: Any, default: Any = None) -> bytes:
+    """orjson, or plain json where orjson refuses: a lone surrogate (an undecodable header
+    byte, say) must not turn the request that logs it into a 500."""
+    try:
+        return orjson.dumps(event, default=default)
+    except TypeError:
+        return json.dumps(event, default=repr, ensure_ascii=True).encode()
 
 
 def configure_logging(level: str = "INFO") -> None:
@@ -20,7 +31,7 @@ def configure_logging(level: str = "INFO") -> None:
         processors=[
             *shared,
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(serializer=orjson.dumps),
+            structlog.processors.JSONRenderer(serializer=_dumps),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
         logger_factory=structlog.BytesLoggerFactory(sys.stdout.buffer),

@@ -40,8 +40,15 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def base_app(registry: CollectorRegistry, *, client_max_size: int = 1024**2) -> web.Application:
-    app = web.Application(client_max_size=client_max_size)
+def base_app(
+    registry: CollectorRegistry, *, client_max_size: int = 1024**2, raw_bodies: bool = False
+) -> web.Application:
+    """An app with /healthz, /readyz and /metrics. `raw_bodies`: request bodies are read as
+    sent, never decompressed by `Content-Encoding` (what a signature covers)."""
+    app = web.Application(
+        client_max_size=client_max_size,
+        handler_args={"auto_decompress": False} if raw_bodies else None,
+    )
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []
     app.router.add_get("/healthz", healthz)

@@ -272,7 +272,8 @@ class Acceptor:
             rows = await inbox_sql.store_batch(
                 self._pool, PROVIDER, entries, claim, lease, self._abandoned.active()
             )
-        except asyncpg.DataError:
+        except (asyncpg.DataError, asyncpg.ProgramLimitExceededError):
+            # Refused data, or a value too large for an index: about the rows, not the server.
             if len(entries) == 1:
                 log.warning("ingest.unstorable", event_id=entries[0].event_id, exc_info=True)
                 return {}

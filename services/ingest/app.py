@@ -29,7 +29,9 @@ def create_app(
     sweep_interval_s: float = 5.0,
 ) -> web.Application:
     metrics = IngestMetrics.create()
-    app = base_app(metrics.registry, client_max_size=settings.max_body_bytes)
+    # Raw bodies: the signature covers the exact bytes received, so a `Content-Encoding:
+    # gzip` body is checked (and stored) as sent, and then is no JSON (400), never inflated.
+    app = base_app(metrics.registry, client_max_size=settings.max_body_bytes, raw_bodies=True)
     app[SETTINGS] = settings
     app[METRICS] = metrics
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)

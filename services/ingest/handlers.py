@@ -79,6 +79,8 @@ async def _answer(request: web.Request) -> _Answer:
         webhook = parse_body(delivery, body)
     except web.HTTPRequestEntityTooLarge:
         return _error(413, "too_large", f"body over {settings.max_body_bytes} bytes")
+    except web.RequestPayloadError as e:  # a broken chunked encoding, say
+        return _error(400, "malformed", f"body could not be read: {e}")
     except MalformedWebhookError as e:
         return _error(400, "malformed", str(e))
     except RejectedWebhookError as e:

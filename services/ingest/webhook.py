@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ TIMESTAMP_HEADER = "X-Webhook-Timestamp"
 SIGNATURE_HEADER = "X-Webhook-Signature"
 
 _MAX_ID_LENGTH = 255
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only (str.isdigit() takes other scripts)
 # Headers kept out of the stored copy: credentials that might sit in front of us.
 _UNSTORED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
@@ -62,7 +64,7 @@ def read_delivery(headers: Mapping[str, str]) -> Delivery:
         raise MalformedWebhookError(f"{ID_HEADER} must be 1-{_MAX_ID_LENGTH} printable characters")
     if not timestamp:
         raise MalformedWebhookError(f"missing {TIMESTAMP_HEADER} header")
-    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
+    if not _INTEGER.fullmatch(timestamp):
         raise MalformedWebhookError(f"{TIMESTAMP_HEADER} must be Unix seconds")
     return Delivery(event_id, timestamp, headers.get(SIGNATURE_HEADER, ""))
 
@@ -79,7 +81,9 @@ def authenticate(
         raise RejectedWebhookError("invalid_signature", f"missing {SIGNATURE_HEADER} header")
     if not verify(secrets, delivery.timestamp, body, delivery.signature):
         raise RejectedWebhookError("invalid_signature", "signature does not match")
-    if abs(now_s - int(delivery.timestamp)) > tolerance_s:
+    # A numeric timestamp far off (milliseconds, a negative one) is a clock problem: stale.
+    # Digits beyond 15 can't be near now, and int() of thousands of digits is refused.
+    if len(delivery.timestamp) > 15 or abs(now_s - int(delivery.timestamp)) > tolerance_s:
         raise RejectedWebhookError("stale", "timestamp outside the allowed tolerance")
 
 
@@ -103,10 +107,17 @@ def parse_body(delivery: Delivery, body: bytes) -> Webhook:
 
 
 def _payment_id(value: Any) -> str | None:
+    """The inbox's lookup copy of the body's payment id (the body keeps the exact value).
+
+    None for what no registered order can have (orders take ids of at most 255 characters):
+    such an event is still stored and published, and the orders worker dead-letters it as an
+    unknown payment, where an operator sees it.
+    """
     if isinstance(value, bool):  # bool is an int subclass; true is no payment id
         return None
     if isinstance(value, str | int):
-        return str(value)
+        text = str(value)
+        return text if len(text) <= _MAX_ID_LENGTH else None
     return None
 
 

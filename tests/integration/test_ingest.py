@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 from typing import Any
 
@@ -166,3 +167,45 @@ async def test_body_over_limit_is_413(
 
     assert response.status == 413
     assert await inbox_rows(db) == []
+
+
+@pytest.mark.parametrize("corrupt", [False, True], ids=["gzip", "corrupt_gzip"])
+async def test_compressed_body_is_checked_as_sent_and_never_inflated(
+    client: TestClient, db: Any, corrupt: bool
+) -> None:
+    """SPEC: the signature covers the exact bytes received. A gzip body is verified as sent
+    (so a signature over the inflated JSON fails) and, being no JSON, is 400; never a 500."""
+    raw = orjson.dumps(payment_event())
+    sent = gzip.compress(raw)[:-8] + b"\x00" * 8 if corrupt else gzip.compress(raw)
+    encoding = {"Content-Encoding": "gzip"}
+
+    over_sent = await client.post(URL, data=sent, headers=signed_headers(sent, SECRET) | encoding)
+    over_inflated = await client.post(
+        URL, data=sent, headers=signed_headers(raw, SECRET) | encoding
+    )
+
+    assert over_sent.status == 400
+    assert (await over_sent.json())["error"] == "body is not valid JSON"
+    assert over_inflated.status == 401
+    assert await inbox_rows(db) == []
+
+
+async def test_payment_id_too_long_for_any_order_is_stored_without_a_lookup_key(
+    client: TestClient, db: Any, amqp: Any, topology: Topology
+) -> None:
+    """An 8,000-character payment id (beyond what a btree index holds) neither fails the
+    batch it joins nor gets lost: stored and published; the orders worker will dead-letter
+    it as an unknown payment."""
+    strange = delivery(payment_event(payment_id="p" * 8000), SECRET, event_id="evt_long_pay")
+    normal = [delivery(payment_event(), SECRET, event_id=f"evt_next_{i}") for i in range(10)]
+
+    responses = await asyncio.gather(
+        *(client.post(URL, data=body, headers=headers) for body, headers in [strange, *normal])
+    )
+
+    assert [r.status for r in responses] == [200] * 11
+    row = await db.fetchrow("SELECT payment_id, body FROM inbox WHERE event_id = 'evt_long_pay'")
+    assert row["payment_id"] is None
+    assert bytes(row["body"]) == strange[0]
+    ids = {m.message_id for m in await drain(amqp, topology.work["orders"].name)}
+    assert ids == {"evt_long_pay", *(f"evt_next_{i}" for i in range(10))}
