@@ -10,7 +10,7 @@ reorder rate (a payment's events are sent newest first), concurrency (requests i
 lost rate (the API knows the payment's final status, but none of its webhooks is ever sent, so
 only reconciliation can bring the order there).
 
-Orders are registered straight in PostgreSQL with `shared.queries.register_order` (the same
+Orders are registered straight in PostgreSQL with `shared.queries.orders.register_order` (the same
 idempotent insert `payhooks order add` and POST /api/orders use), before any webhook is sent.
 """
 

@@ -47,14 +47,16 @@ async def register_order(conn: Executor, order: NewOrder) -> tuple[asyncpg.Recor
             order.currency,
         )
     except asyncpg.UniqueViolationError:
-        raise OrderConflictError(f"payment {order.payment_id} belongs to another order") from None
+        # The payment id is taken: by another order, or by this very order registered
+        # concurrently (ON CONFLICT only arbitrates order_id). The comparison below tells.
+        row = None
     if row is not None:
         return row, True
     existing = await conn.fetchrow(
         f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order.order_id
     )
-    if existing is None:  # deleted between the two statements: let the caller retry
-        raise OrderConflictError(f"order {order.order_id} changed concurrently")
+    if existing is None:
+        raise OrderConflictError(f"payment {order.payment_id} belongs to another order")
     same = (
         existing["payment_id"] == order.payment_id
         and existing["user_id"] == order.user_id

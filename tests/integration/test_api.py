@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -56,6 +57,21 @@ async def test_registering_an_order_is_idempotent_on_order_id(api: TestClient) -
     assert {k: body[k] for k in ORDER} == ORDER
     assert body["status"] == "PENDING"
     assert body["refunded_amount"] == "0.00"
+
+
+async def test_identical_concurrent_registrations_all_succeed_once_created(
+    api: TestClient, db: Any
+) -> None:
+    """Idempotent on order_id under concurrency too: the payment id's unique index must not
+    turn a racing identical copy into "belongs to another order"."""
+    for round_ in range(15):
+        order = {**ORDER, "order_id": f"ord_race_{round_}", "payment_id": f"pay_race_{round_}"}
+        responses = await asyncio.gather(
+            *(api.post("/api/orders", json=order, headers=TOKEN) for _ in range(12))
+        )
+        statuses = sorted(r.status for r in responses)
+        assert statuses == [200] * 11 + [201], (round_, statuses)
+    assert await db.fetchval("SELECT count(*) FROM orders WHERE order_id LIKE 'ord_race_%'") == 15
 
 
 async def test_same_order_id_with_other_details_is_a_conflict(api: TestClient) -> None:
