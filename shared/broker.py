@@ -28,7 +28,7 @@ from yarl import URL
 
 from shared.errors import UnavailableError
 from shared.tasks import cancel_and_wait
-from shared.topology import Topology, declare
+from shared.topology import Topology, declare, message_id, routing_key
 from shared.web import READINESS_CHECKS
 
 log = structlog.get_logger(__name__)
@@ -49,10 +49,13 @@ class Outgoing:
 
 
 def to_message(outgoing: Outgoing) -> aio_pika.Message:
+    # message_id and type are AMQP short strings (255 bytes): an id built from a provider's
+    # event id can be longer (an outbox id adds ":order.paid"), and a message pamqp cannot
+    # encode would fail on every attempt. message_id() keeps short ids and hashes long ones.
     return aio_pika.Message(
         outgoing.body,
-        message_id=outgoing.message_id,
-        type=outgoing.type,
+        message_id=message_id(outgoing.message_id),
+        type=routing_key(outgoing.type),
         content_type="application/json",
         delivery_mode=DeliveryMode.PERSISTENT,
         headers=dict(outgoing.headers),

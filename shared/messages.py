@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from shared.errors import PermanentError
+from shared.topology import message_id
 
 
 class InvalidMessageError(PermanentError):
@@ -28,8 +29,9 @@ class OrderTransition:
 
     @property
     def message_id(self) -> str:
-        # Deterministic: the same source event can only ever produce the same message.
-        return f"{self.source_event_id}:{self.event}"
+        # Deterministic: the same source event can only ever produce the same message. Fits an
+        # AMQP short string (a 250-character event id plus ":order.paid" would not: hashed).
+        return message_id(f"{self.source_event_id}:{self.event}")
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))

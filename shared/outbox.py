@@ -1,4 +1,4 @@
-"""The outbox relay: publishes domain events committed with their transition, in order.
+"""The outbox relay: publishes domain events committed with their transition, oldest first.
 
 A transition and its event are written in one transaction; this relay then publishes the
 event with a confirm and marks it. A crash between commit and publish leaves the row
@@ -40,7 +40,7 @@ class OutboxRelay:
         while True:
             try:
                 while await self.relay_once() == _BATCH:
-                    pass
+                    pass  # a full batch went out: more may be waiting
             except Exception as e:  # the relay must outlive any outage; rows wait in the table
                 log.warning("outbox.relay_failed", error=repr(e))
             self._wakeup.clear()
@@ -51,7 +51,7 @@ class OutboxRelay:
                 pass
 
     async def relay_once(self) -> int:
-        """Publish one batch of unpublished rows; return how many were taken."""
+        """Publish one batch of unpublished rows; return how many were confirmed."""
         if not self._broker.is_ready:
             return 0
         async with self._pool.acquire() as conn, conn.transaction():
@@ -62,16 +62,18 @@ class OutboxRelay:
                 Outgoing(r.routing_key, r.body, r.message_id, r.routing_key, {}) for r in rows
             ]
             results = await self._broker.publish_many(messages, _PUBLISH_TIMEOUT_S)
-            # Rows are marked only up to the first failure, so a later event of a payment is
-            # never marked while an earlier one still waits (the next pass retries in order).
+            # Every confirmed row is marked, whatever failed before it: all of them were sent,
+            # and leaving them unmarked would only send them again (and a row that keeps
+            # failing would hold back every row after it). Order across rows doesn't matter
+            # to the consumers: bonuses and emails follow the order's current status.
             done = []
             for row, error in zip(rows, results, strict=True):
-                if error is not None:
+                if error is None:
+                    done.append(row.id)
+                else:
                     log.warning(
                         "outbox.publish_failed", message_id=row.message_id, error=repr(error)
                     )
-                    break
-                done.append(row.id)
             if done:
                 await outbox_sql.mark_outbox_published(conn, done)
-        return len(rows)
+        return len(done)

@@ -496,3 +496,74 @@ async def test_transition_committed_but_never_published_is_published_once_by_the
     await assert_paid_once(db, smtp[0], payment_id, "PAID")
     assert len(smtp[0].messages) == 1
     await assert_dlqs_empty(amqp, topology)
+
+
+async def test_event_id_at_the_255_character_limit_goes_all_the_way_through(
+    aiohttp_client: Any,
+    effect_settings: Settings,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> None:
+    """Ingest takes ids of up to 255 characters; the transition's message id adds
+    ":order.paid" and would no longer fit an AMQP short string. It must still publish (hashed
+    id) rather than fail on every relay pass and leave the payment without bonus and email."""
+    payment_id, event_id = new_id("pay"), "evt_" + "x" * 251
+    await register(db, payment_id)
+    system = await start_system(aiohttp_client, effect_settings, amqp, topology)
+
+    await post(system.ingest, payment_event(payment_id, "paid"), event_id)
+
+    done = await quiescent(db, system)
+    assert (done["bonuses_finished"], done["email_finished"]) == (1, 1)
+    await assert_paid_once(db, smtp[0], payment_id, "PAID")
+    assert await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+    await assert_dlqs_empty(amqp, topology)
+
+
+async def test_relay_marks_every_confirmed_row_even_after_one_that_fails(
+    effect_settings: Settings, amqp: Any, topology: Topology, db: Any
+) -> None:
+    """One row that cannot be published must neither hold back the rows after it nor make
+    the relay send them again on every pass."""
+    await declare(amqp, topology)
+    await db.execute(
+        "INSERT INTO outbox (message_id, routing_key, body) VALUES ($1, $2, $3)",
+        "evt_poison:order.paid",
+        "order.paid",
+        b'{"not": "published"}',
+    )
+    for i in range(5):
+        await db.execute(
+            "INSERT INTO outbox (message_id, routing_key, body) VALUES ($1, $2, $3)",
+            f"evt_{i}:order.paid",
+            "order.paid",
+            b"{}",
+        )
+    pool = await create_pool(effect_settings.database_url, max_size=2)
+    broker = Broker(effect_settings.amqp_url, topology)
+    await broker.start()
+    try:
+        await broker.wait_connected(10)
+        failing = broker.start_publishes
+
+        def first_fails(messages: Any) -> Any:
+            futures = failing(messages)
+            futures[0].cancel()  # the first row's publish fails (as a refused frame would)
+            return futures
+
+        broker.start_publishes = first_fails  # type: ignore[method-assign]
+        relay = OutboxRelay(pool, broker)
+        assert await relay.relay_once() == 5
+        assert await relay.relay_once() == 0  # only the failed row is left, and it fails again
+    finally:
+        await broker.close()
+        await pool.close()
+
+    unpublished = await db.fetch("SELECT message_id FROM outbox WHERE published_at IS NULL")
+    assert [r["message_id"] for r in unpublished] == ["evt_poison:order.paid"]
+    delivered = await drain(amqp, topology.work["bonuses"].name)
+    assert sorted(m.message_id for m in delivered if m.message_id != "evt_poison:order.paid") == [
+        f"evt_{i}:order.paid" for i in range(5)
+    ]  # each once: a second pass did not send them again
