@@ -8,6 +8,7 @@ from email.header import Header
 from email.message import Message
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
+from email.utils import parseaddr
 from string import Template
 
 TEMPLATE_HEADER = "X-Payhooks-Template"
@@ -52,7 +53,10 @@ _TEMPLATES = {
 
 def message_id(template: str, payment_id: str, email_from: str) -> str:
     """Deterministic: a resend after a crash carries the same id, so receivers dedup it."""
-    domain = email_from.rpartition("@")[2] or "payhooks.localhost"
+    # EMAIL_FROM may carry a display name ("Shop <payments@shop.example>"): the address's.
+    address = parseaddr(email_from)[1]
+    _, at, domain = address.rpartition("@")
+    domain = (domain.strip() if at else "") or "payhooks.localhost"
     return f"<{template}.{payment_id}@{domain}>"
 
 
