@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -58,6 +58,10 @@ class AcceptorConfig:
     # How long a claim on an unconfirmed row lasts before a retry or the sweeper may take it
     # over: longer than a batch's own deadlines, short against the provider's ladder.
     claim_lease_s: float = 10.0
+    # How long after its arrival a copy waits for another holder of the event's claim (another
+    # replica) to publish or let go of it before 503; a publish from here may follow, and
+    # both together stay inside the handler's ACCEPT_BUDGET_S.
+    holder_wait_s: float = 3.0
 
 
 def _new_future() -> asyncio.Future[Outcome]:
@@ -72,6 +76,7 @@ class _Item:
     webhook: Webhook
     headers: dict[str, str]
     future: asyncio.Future[Outcome] = field(default_factory=_new_future)
+    arrived: float = field(default_factory=time.monotonic)
 
 
 class AbandonedClaims:
@@ -231,15 +236,15 @@ class Acceptor:
                 for item in items:
                     _resolve(item, Outcome.DUPLICATE)
             else:
-                self._await_other_publish(event_id, items)
+                self._await_other_publish(row.id, event_id, items)
 
-    def _await_other_publish(self, event_id: str, items: list[_Item]) -> None:
+    def _await_other_publish(self, row_id: int, event_id: str, items: list[_Item]) -> None:
         """A copy of an event whose first copy is stored but not yet confirmed.
 
         If this process is publishing it, the copies wait for that confirm (the request
         budget bounds the wait). Otherwise another replica, or a batch that gave up, holds
-        the claim: 503, and the provider's retry (or the sweeper, once the claim lapses)
-        publishes it. Never 200 before a confirm.
+        the claim: the copies watch the row for its publish, and take the claim over if it
+        is released or lapses. Never 200 before a confirm.
         """
         if event_id in self.publisher.recently_confirmed:
             for item in items:
@@ -247,17 +252,40 @@ class Acceptor:
             return
         pending = self.publisher.in_flight.get(event_id)
         if pending is None:
+            self._spawn(self._await_holder(row_id, event_id, items))
+        else:
+            self._spawn(self._await_in_process(pending, items))
+
+    async def _await_in_process(self, pending: asyncio.Future[None], items: list[_Item]) -> None:
+        if await wait_published(pending):
+            for item in items:
+                _resolve(item, Outcome.DUPLICATE)
+        else:
+            _fail(items, UnavailableError("the first copy of this event was not confirmed"))
+
+    async def _await_holder(self, row_id: int, event_id: str, items: list[_Item]) -> None:
+        webhook = items[0].webhook
+        row = ClaimedRow(
+            row_id, event_id, outgoing(PROVIDER, event_id, webhook.event_type, webhook.body)
+        )
+        try:
+            published = await self.publisher.publish_after_holder(
+                row,
+                deadline=min(item.arrived for item in items) + self._config.holder_wait_s,
+                lease_s=self._config.claim_lease_s,
+                abandoned=self._abandoned.active,
+            )
+        except Exception as e:  # never leave a request without an answer
+            log.warning("ingest.holder_wait_failed", event_id=event_id, error=repr(e))
+            published = False
+        if published:
+            for item in items:
+                _resolve(item, Outcome.DUPLICATE)
+        else:
             _fail(items, UnavailableError("the first copy of this event is not confirmed yet"))
-            return
 
-        async def wait() -> None:
-            if await wait_published(pending):
-                for item in items:
-                    _resolve(item, Outcome.DUPLICATE)
-            else:
-                _fail(items, UnavailableError("the first copy of this event was not confirmed"))
-
-        task = asyncio.create_task(wait())
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

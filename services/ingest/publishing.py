@@ -5,7 +5,9 @@ sweeper sends a second copy, which consumers dedup by message id). On a definite
 the claim is released so the provider's next retry may publish at once. While the outcome
 is unknown (no confirm yet, the broker may still have it) the claim is kept and the publish
 is left running: a late confirm still marks the row, and until then `in_flight` lets
-concurrent copies of the event wait for it instead of publishing a second message.
+concurrent copies of the event wait for it instead of publishing a second message. A copy
+whose row someone else holds (another replica) watches the row instead, and takes the claim
+over if that holder lets it go.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ log = structlog.get_logger(__name__)
 CONFIRM_MEMORY_S = 30.0
 # Confirms gathered into one `published_at` UPDATE.
 MARK_WINDOW_S = 0.02
+# How often a copy waiting for another holder's publish looks at the row again.
+HOLDER_POLL_S = 0.03
 
 T = TypeVar("T")
 
@@ -112,6 +116,33 @@ class ClaimedPublisher:
         if futures:
             await asyncio.wait(futures, timeout=self._timeout_s)
         return [publish_error(f) for f in futures]
+
+    async def publish_after_holder(
+        self,
+        row: ClaimedRow,
+        *,
+        deadline: float,
+        lease_s: float,
+        abandoned: Callable[[], Sequence[uuid.UUID]],
+    ) -> bool:
+        """Wait for whoever holds the row's claim (another replica, say) to publish it; if the
+        claim is released or lapses, or is one of `abandoned`, take it over and publish from
+        here. True once the row is published; False if that is not so by `deadline`
+        (time.monotonic) or the publish from here is not confirmed."""
+        while True:
+            state = await inbox_sql.claim_state(self._pool, row.id, abandoned())
+            if state.published:
+                return True
+            if state.free:
+                claim = uuid.uuid4()
+                if await inbox_sql.take_over_claim(self._pool, row.id, claim, lease_s, abandoned()):
+                    log.info("ingest.claim_taken_over", event_id=row.event_id)
+                    [error] = await self.publish(claim, [row])
+                    return error is None
+                # Another copy or the sweeper claimed it first: wait for that publish instead.
+            if time.monotonic() + HOLDER_POLL_S > deadline:
+                return False
+            await asyncio.sleep(HOLDER_POLL_S)
 
     async def close(self) -> None:
         """Let the marks and releases already started finish."""

@@ -119,6 +119,45 @@ async def release_claims(db: Executor, ids: Sequence[int], claim: uuid.UUID) -> 
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimState:
+    published: bool
+    # Unpublished and claimable now, by the same rule as _STORE_BATCH's ON CONFLICT.
+    free: bool
+
+
+async def claim_state(db: Executor, id: int, abandoned: Sequence[uuid.UUID]) -> ClaimState:
+    """How a stored row's publish stands (one primary-key lookup: cheap enough to poll)."""
+    row = await db.fetchrow(
+        "SELECT published_at IS NOT NULL AS published,"
+        " published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now()"
+        "                           OR claim_token = ANY($2::uuid[])) AS free"
+        " FROM inbox WHERE id = $1",
+        id,
+        list(abandoned),
+    )
+    if row is None:  # retention deletes published rows only
+        return ClaimState(published=True, free=False)
+    return ClaimState(row["published"], row["free"])
+
+
+async def take_over_claim(
+    db: Executor, id: int, claim: uuid.UUID, lease_s: float, abandoned: Sequence[uuid.UUID]
+) -> bool:
+    """Claim a row whose holder let go (or whose lease ran out); False if it is published or
+    someone else claimed it first. One conditional UPDATE, so at most one caller wins."""
+    status = await db.execute(
+        "UPDATE inbox SET claim_token = $2, claimed_until = now() + make_interval(secs => $3)"
+        " WHERE id = $1 AND published_at IS NULL"
+        " AND (claimed_until IS NULL OR claimed_until < now() OR claim_token = ANY($4::uuid[]))",
+        id,
+        claim,
+        lease_s,
+        list(abandoned),
+    )
+    return status == "UPDATE 1"
+
+
+@dataclass(frozen=True, slots=True)
 class Unpublished:
     id: int
     provider: str
