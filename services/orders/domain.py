@@ -28,10 +28,13 @@ from shared.errors import PermanentError
 #     can be matched) without any status change.
 # D6  refund.reversed leaves REFUNDED (for PAID) only if both times are known and it happened
 #     strictly after the refund; otherwise the order stays REFUNDED (the safer state), and the
-#     reason reversal_before_refund tells the handler to log it for reconciliation.
-# D7  A refund.reversed for a refund that was never counted on a non-REFUNDED order changes
-#     nothing (reason refund_not_counted): it is a duplicate, or it overtook its refund, which
-#     will then be counted when it arrives; the handler logs it and reconciliation repairs it.
+#     reason reversal_before_refund makes the handler log it at warning for an operator (the
+#     reconciler only re-asks about PENDING and AMOUNT_MISMATCH orders).
+# D7  Every refund.reversed records its refund id as reversed. A reversal that overtook its
+#     refund (refund never counted, order not REFUNDED) changes nothing else (reason
+#     refund_not_counted), and the refund.completed that arrives after it is not counted
+#     (reason refund_already_reversed): the provider reversed that refund, whatever the order
+#     of delivery. A reversed refund id never counts again; a new refund has a new id.
 # D8  A currency mismatch on refund.completed or refund.reversed changes nothing.
 # D9  parse_event: every event needs a payment_id (the orders worker finds orders by it);
 #     money fields are required where decide needs them; amounts must be plain non-negative
@@ -70,6 +73,7 @@ class Reason(StrEnum):
     PARTIAL_REFUND_REVERSED = "partial_refund_reversed"
     REVERSAL_BEFORE_REFUND = "reversal_before_refund"
     REFUND_NOT_COUNTED = "refund_not_counted"
+    REFUND_ALREADY_REVERSED = "refund_already_reversed"
 
 
 S = OrderStatus
@@ -118,6 +122,7 @@ class OrderState:
     refunded_amount: Decimal = Decimal(0)
     refunded_at: datetime | None = None  # provider time of the refund that made it REFUNDED
     refund_ids: frozenset[str] = field(default_factory=frozenset)  # refunds already counted
+    reversed_refund_ids: frozenset[str] = field(default_factory=frozenset)  # never count (D7)
 
     @classmethod
     def from_row(cls, row: Row) -> OrderState:
@@ -129,6 +134,7 @@ class OrderState:
             refunded_amount=row["refunded_amount"],
             refunded_at=row["refunded_at"],
             refund_ids=frozenset(row["refund_ids"]),
+            reversed_refund_ids=frozenset(row["reversed_refund_ids"]),
         )
 
 
@@ -256,6 +262,8 @@ def _refund_completed(state: OrderState, event: ProviderEvent) -> Decision:
     refund_id, amount = _refund_of(event)
     if refund_id in state.refund_ids:
         return _unchanged(Reason.REFUND_ALREADY_COUNTED)
+    if refund_id in state.reversed_refund_ids:
+        return _unchanged(Reason.REFUND_ALREADY_REVERSED)  # D7
     if not _same_currency(state, event):
         return _unchanged(Reason.CURRENCY_MISMATCH)  # D8
     total = state.refunded_amount + amount
@@ -275,7 +283,12 @@ def _refund_reversed(state: OrderState, event: ProviderEvent) -> Decision:
     if not _same_currency(state, event):
         return _unchanged(Reason.CURRENCY_MISMATCH)  # D8
     remaining = max(state.refunded_amount - amount, Decimal(0))  # D4
-    uncounted = replace(state, refunded_amount=remaining, refund_ids=state.refund_ids - {refund_id})
+    uncounted = replace(
+        state,
+        refunded_amount=remaining,
+        refund_ids=state.refund_ids - {refund_id},
+        reversed_refund_ids=state.reversed_refund_ids | {refund_id},
+    )
     if state.status is S.REFUNDED:
         after = (
             event.occurred_at is not None
@@ -289,7 +302,10 @@ def _refund_reversed(state: OrderState, event: ProviderEvent) -> Decision:
         return _moved(state, paid, Reason.REFUND_REVERSED)
     if refund_id in state.refund_ids:
         return Decision(uncounted, (), Reason.PARTIAL_REFUND_REVERSED)
-    return _unchanged(Reason.REFUND_NOT_COUNTED)  # D7
+    if refund_id in state.reversed_refund_ids:
+        return _unchanged(Reason.REFUND_NOT_COUNTED)  # a duplicate of a recorded reversal
+    remembered = replace(state, reversed_refund_ids=state.reversed_refund_ids | {refund_id})
+    return Decision(remembered, (), Reason.REFUND_NOT_COUNTED)  # D7
 
 
 def _money_matches(state: OrderState, event: ProviderEvent) -> bool:

@@ -27,9 +27,7 @@ log = structlog.get_logger(__name__)
 
 WORKER = "orders"
 
-NEEDS_ATTENTION = frozenset(
-    {Reason.REVERSAL_BEFORE_REFUND, Reason.AMOUNT_MISMATCH_IGNORED, Reason.REFUND_NOT_COUNTED}
-)
+NEEDS_ATTENTION = frozenset({Reason.REVERSAL_BEFORE_REFUND, Reason.AMOUNT_MISMATCH_IGNORED})
 
 
 def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
@@ -60,6 +58,7 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
                     new.refunded_amount,
                     new.refunded_at,
                     sorted(new.refund_ids),
+                    sorted(new.reversed_refund_ids),
                 )
             for domain_event in decision.events:
                 transition = OrderTransition(
@@ -82,7 +81,7 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
                     conn, transition.message_id, transition.event, transition.encode()
                 )
         # Decisions the model could not make safely are kept in the safer state and flagged for
-        # an operator; the reconciler (which asks the provider) repairs real drift.
+        # an operator (the reconciler re-asks only about PENDING and AMOUNT_MISMATCH orders).
         (log.warning if decision.reason in NEEDS_ATTENTION else log.info)(
             "order.decided",
             payment_id=event.payment_id,

@@ -28,7 +28,7 @@ class OrderConflictError(Exception):
 
 _ORDER_COLUMNS = (
     "order_id, payment_id, user_id, email, amount, currency, status, refunded_amount,"
-    " refunded_at, refund_ids, created_at, updated_at"
+    " refunded_at, refund_ids, reversed_refund_ids, created_at, updated_at"
 )
 
 
@@ -83,15 +83,17 @@ async def save_order_state(
     refunded_amount: Decimal,
     refunded_at: datetime | None,
     refund_ids: Sequence[str],
+    reversed_refund_ids: Sequence[str],
 ) -> None:
     await conn.execute(
         "UPDATE orders SET status = $2, refunded_amount = $3, refunded_at = $4,"
-        " refund_ids = $5, updated_at = now() WHERE payment_id = $1",
+        " refund_ids = $5, reversed_refund_ids = $6, updated_at = now() WHERE payment_id = $1",
         payment_id,
         status,
         refunded_amount,
         refunded_at,
         list(refund_ids),
+        list(reversed_refund_ids),
     )
 
 
@@ -143,7 +145,8 @@ WHERE payment_id IN (
     ORDER BY updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
-RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, refund_ids
+RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, refund_ids,
+          reversed_refund_ids
 """
 
 

@@ -154,7 +154,7 @@ async def register(
         ),
     )
     if status != "PENDING":
-        await orders_sql.save_order_state(db, payment_id, status, Decimal(0), None, [])
+        await orders_sql.save_order_state(db, payment_id, status, Decimal(0), None, [], [])
 
 
 async def post(client: TestClient, payload: dict[str, Any], event_id: str | None = None) -> Any:

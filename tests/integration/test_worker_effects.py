@@ -567,3 +567,38 @@ async def test_relay_marks_every_confirmed_row_even_after_one_that_fails(
     assert sorted(m.message_id for m in delivered if m.message_id != "evt_poison:order.paid") == [
         f"evt_{i}:order.paid" for i in range(5)
     ]  # each once: a second pass did not send them again
+
+
+async def test_refund_completed_delivered_after_its_reversal_leaves_the_order_paid(
+    aiohttp_client: Any,
+    effect_settings: Settings,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> None:
+    """paid; refunded (t1); refund.reversed r1 (t2); then the refund.completed of r1 (t1),
+    delivered late. The provider's truth is PAID with the bonus: the late refund must neither
+    refund the order again nor leave a REFUNDED order holding points."""
+    payment_id = new_id("pay")
+    await register(db, payment_id)
+    system = await start_system(aiohttp_client, effect_settings, amqp, topology)
+    t1, t2 = "2026-11-30T11:00:00Z", "2026-11-30T12:00:00Z"
+    refund = {"payment_id": payment_id, "refund_id": "r1", "amount": "100.00", "currency": "USD"}
+
+    for payload in (
+        payment_event(payment_id, "paid"),
+        payment_event(payment_id, "refunded", created_at=t1),
+        {"event": "refund.reversed", **refund, "created_at": t2},
+        {"event": "refund.completed", **refund, "created_at": t1},
+    ):
+        await post(system.ingest, payload)
+        await quiescent(db, system)
+
+    assert await effects(db, payment_id) == {
+        "status": "PAID",
+        "bonus": 500,
+        "ledger": ["grant", "clawback", "restore"],
+        "emails": ["payment_refunded", "payment_succeeded"],
+    }
+    await assert_dlqs_empty(amqp, topology)

@@ -250,7 +250,7 @@ def test_reversal_after_refund_returns_the_order_to_paid() -> None:
     decision = decide(refunded, refund_event("reversed", "b", "70.00", at=AFTER))
 
     assert decision.new_state == OrderState(
-        PAI, AMOUNT, "USD", Decimal("30.00"), None, frozenset({"a"})
+        PAI, AMOUNT, "USD", Decimal("30.00"), None, frozenset({"a"}), frozenset({"b"})
     )
     assert decision.events == (DomainEvent("order.paid", REF, PAI),)
 
@@ -275,10 +275,49 @@ def test_reversed_partial_refund_is_uncounted_without_status_change() -> None:
     decision = decide(state, refund_event("reversed", "a", "25.00"))
 
     assert decision == Decision(
-        OrderState(SET, AMOUNT, "USD", Decimal(0), None, frozenset()),
+        OrderState(SET, AMOUNT, "USD", Decimal(0), None, frozenset(), frozenset({"a"})),
         (),
         Reason.PARTIAL_REFUND_REVERSED,
     )
+
+
+def test_reversal_that_overtook_its_refund_is_remembered_and_the_refund_not_counted() -> None:
+    """D7: delivered reversal first, refund second, the provider's truth is still "reversed":
+    the order stays PAID (no clawback, no refund email)."""
+    paid = fresh(PAI)
+
+    first = decide(paid, refund_event("reversed", "r1", "100.00", at=AFTER))
+    assert first == Decision(
+        replace(paid, reversed_refund_ids=frozenset({"r1"})), (), Reason.REFUND_NOT_COUNTED
+    )
+    assert first.new_state is not None
+    second = decide(first.new_state, refund_event("completed", "r1", "100.00", at=REFUNDED_AT))
+
+    assert second == Decision(None, (), Reason.REFUND_ALREADY_REVERSED)
+
+
+def test_refund_completed_after_its_reversal_on_a_refunded_then_reversed_order() -> None:
+    """paid, status refunded (t1), reversal of r1 (t2): PAID again; the late refund.completed
+    of r1 (t1) must not make it REFUNDED a second time."""
+    state = fresh(PAI)
+    for event in (
+        replace(status_event("refunded"), occurred_at=REFUNDED_AT),
+        refund_event("reversed", "r1", "100.00", at=AFTER),
+        refund_event("completed", "r1", "100.00", at=REFUNDED_AT),
+    ):
+        state = decide(state, event).new_state or state
+
+    assert state.status is PAI
+    assert state.refunded_amount == 0
+    assert state.reversed_refund_ids == frozenset({"r1"})
+
+
+def test_a_repeated_reversal_changes_nothing() -> None:
+    state = replace(fresh(PAI), reversed_refund_ids=frozenset({"r1"}))
+
+    decision = decide(state, refund_event("reversed", "r1", "100.00", at=AFTER))
+
+    assert decision == Decision(None, (), Reason.REFUND_NOT_COUNTED)
 
 
 def test_reversal_in_another_currency_keeps_refunded() -> None:
