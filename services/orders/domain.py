@@ -29,7 +29,7 @@ from shared.errors import PermanentError
 # D6  refund.reversed leaves REFUNDED (for PAID) only if both times are known and it happened
 #     strictly after the refund; otherwise the order stays REFUNDED (the safer state), and the
 #     reason reversal_before_refund makes the handler log it at warning for an operator (the
-#     reconciler only re-asks about PENDING and AMOUNT_MISMATCH orders).
+#     reconciler re-asks about PENDING, AMOUNT_MISMATCH and PAID orders only).
 # D7  Every refund.reversed records its refund id as reversed. A reversal that overtook its
 #     refund (refund never counted, order not REFUNDED) changes nothing else (reason
 #     refund_not_counted), and the refund.completed that arrives after it is not counted

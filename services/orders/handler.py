@@ -81,7 +81,7 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
                     conn, transition.message_id, transition.event, transition.encode()
                 )
         # Decisions the model could not make safely are kept in the safer state and flagged for
-        # an operator (the reconciler re-asks only about PENDING and AMOUNT_MISMATCH orders).
+        # an operator (the reconciler re-asks about PENDING, AMOUNT_MISMATCH and PAID orders only).
         (log.warning if decision.reason in NEEDS_ATTENTION else log.info)(
             "order.decided",
             payment_id=event.payment_id,

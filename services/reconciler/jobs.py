@@ -1,10 +1,11 @@
 """One reconciliation pass and one housekeeping pass (the reconciler's loop runs both).
 
-Webhooks are the fast path, not the source of truth. Orders still undecided some time after
-their last change are checked against the provider's API; where the provider knows more, a
-synthetic `payment.status_changed` (marked `"source": "reconciliation"`, with the provider's
-`updated_at`) goes through the orders queue, so the same state machine, idempotency keys and
-effects apply, and a late real webhook changes nothing twice.
+Webhooks are the fast path, not the source of truth. Orders still undecided (or PAID, not
+yet settled) some time after their last change are checked against the provider's API; where
+the provider knows more, a synthetic `payment.status_changed` (marked `"source":
+"reconciliation"`, with the provider's `updated_at`) goes through the orders queue, so the
+same state machine, idempotency keys and effects apply, and a late real webhook changes
+nothing twice.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from shared.queries import retention as retention_sql
 log = structlog.get_logger(__name__)
 
 BATCH = 100
+# PAID orders are asked about too (SPEC 6: "PAID but never SETTLED"): a lost `settled` or
+# `refunded` webhook would otherwise stay lost, and a refunded payment keep its bonus. Every
+# captured payment is expected to settle, so every PAID order qualifies, first after
+# RECONCILE_AFTER like the others, then at most once a day, for 30 days after its last change
+# (the provider's delivery ceiling): bounded calls for payments that never settle.
+PAID_AGAIN_AFTER_S = 86_400.0
+PAID_HORIZON_S = 30 * 86_400.0
 _HOUSEKEEPING_BATCH = 1000
 _PUBLISH_TIMEOUT_S = 5.0
 
@@ -65,7 +73,14 @@ async def reconcile_once(
 ) -> int:
     """Check one batch of stale orders; return how many were checked (a full batch means
     there may be more waiting)."""
-    rows = await orders_sql.claim_stale_orders(pool, after_s, again_after_s, BATCH)
+    rows = await orders_sql.claim_stale_orders(
+        pool,
+        after_s,
+        again_after_s,
+        BATCH,
+        paid_again_after_s=max(PAID_AGAIN_AFTER_S, again_after_s),
+        paid_horizon_s=PAID_HORIZON_S,
+    )
     for row in rows:
         payment_id = row["payment_id"]
         try:

@@ -135,13 +135,19 @@ async def transitions_for_payment(conn: Executor, payment_id: str) -> list[async
     )
 
 
+# Undecided orders are asked about every `again` seconds; PAID ones (a lost `settled` or
+# `refunded` webhook) every `paid_again` seconds, and only within `paid_horizon` of their last
+# change, so PAID orders that are never settled don't cost a call per interval for ever.
 _CLAIM_STALE = """
 UPDATE orders SET reconciled_at = now()
 WHERE payment_id IN (
     SELECT payment_id FROM orders
-    WHERE status IN ('PENDING', 'AMOUNT_MISMATCH')
-      AND updated_at < now() - make_interval(secs => $1)
-      AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $2))
+    WHERE updated_at < now() - make_interval(secs => $1)
+      AND ((status IN ('PENDING', 'AMOUNT_MISMATCH')
+            AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $2)))
+        OR (status = 'PAID'
+            AND updated_at > now() - make_interval(secs => $5)
+            AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $4))))
     ORDER BY updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
@@ -151,11 +157,21 @@ RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, re
 
 
 async def claim_stale_orders(
-    conn: Executor, after_s: float, again_after_s: float, limit: int
+    conn: Executor,
+    after_s: float,
+    again_after_s: float,
+    limit: int,
+    *,
+    paid_again_after_s: float,
+    paid_horizon_s: float,
 ) -> list[asyncpg.Record]:
-    """Orders still undecided after `after_s`, not asked about in the last `again_after_s`;
-    marked as asked in the same statement, so other reconcilers skip them."""
-    return await conn.fetch(_CLAIM_STALE, after_s, again_after_s, limit)
+    """Orders unchanged for `after_s`: undecided ones not asked about in the last
+    `again_after_s`, PAID ones (changed within `paid_horizon_s`) not asked about in the last
+    `paid_again_after_s`. Marked as asked in the same statement, so other reconcilers skip
+    them."""
+    return await conn.fetch(
+        _CLAIM_STALE, after_s, again_after_s, limit, paid_again_after_s, paid_horizon_s
+    )
 
 
 async def statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, str]:

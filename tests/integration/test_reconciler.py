@@ -40,9 +40,11 @@ class FakeProvider:
         self.payments: dict[str, dict[str, str]] = {}
         self.failures: list[int] = []  # statuses to answer before the real one
         self.hits = 0
+        self.asked: list[str] = []  # payment ids, once per request
 
     async def get(self, request: web.Request) -> web.Response:
         self.hits += 1
+        self.asked.append(request.match_info["payment_id"])
         if request.headers.get("Authorization") != f"Bearer {API_KEY}":
             return web.json_response({"error": "unauthorized"}, status=401)
         if self.failures:
@@ -206,3 +208,64 @@ async def test_two_reconcilers_at_once_send_one_repair(
     assert message is not None
     assert message.message_id.startswith("reconcile:pay_twice:settled")
     assert await queue.get(no_ack=True, fail=False) is None
+
+
+async def test_paid_order_whose_refund_webhook_was_lost_is_refunded_and_the_bonus_clawed_back(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    provider: FakeProvider,
+    reconciler: Any,
+) -> None:
+    """SPEC 6, "PAID but never SETTLED": the provider refunded the payment, the webhook never
+    arrived; the reconciler asks about the PAID order and the refund's effects follow."""
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
+    )
+    await register(db, "pay_refund_lost")
+    await post(system.ingest, payment_event("pay_refund_lost", "paid"))
+    paid = {"status": "PAID", "bonus": 500, "ledger": ["grant"], "emails": ["payment_succeeded"]}
+    await eventually(lambda: effects(db, "pay_refund_lost"), lambda e: e == paid)
+    await make_stale(db, "pay_refund_lost")
+    provider.set("pay_refund_lost", "refunded")
+
+    await reconciler()
+
+    refunded = {
+        "status": "REFUNDED",
+        "bonus": 0,
+        "ledger": ["grant", "clawback"],
+        "emails": ["payment_refunded", "payment_succeeded"],
+    }
+    assert await eventually(lambda: effects(db, "pay_refund_lost"), lambda e: e == refunded)
+    repairs = reconciler.registry.get_sample_value(
+        "payhooks_reconcile_repairs_total", {"from": "PAID", "to": "REFUNDED"}
+    )
+    assert repairs == 1
+
+
+async def test_paid_orders_are_asked_about_daily_and_only_for_thirty_days(
+    db: Any, amqp: Any, topology: Topology, provider: FakeProvider, reconciler: Any
+) -> None:
+    for payment_id, changed, asked in (
+        ("pay_paid_due", "2 hours", None),  # never asked: due
+        ("pay_paid_asked", "2 hours", "1 hour"),  # asked an hour ago: not again today
+        ("pay_paid_yesterday", "3 days", "25 hours"),  # asked yesterday: due again
+        ("pay_paid_old", "31 days", None),  # past the horizon: left alone
+        ("pay_settled", "2 hours", None),  # settled: nothing left to learn
+    ):
+        await register(db, payment_id, status="SETTLED" if payment_id == "pay_settled" else "PAID")
+        await db.execute(
+            "UPDATE orders SET updated_at = now() - $2::text::interval,"
+            " reconciled_at = now() - $3::text::interval WHERE payment_id = $1",
+            payment_id,
+            changed,
+            asked,
+        )
+        provider.set(payment_id, "paid")
+
+    assert await reconciler() == 2
+    assert sorted(provider.asked) == ["pay_paid_due", "pay_paid_yesterday"]
