@@ -10,17 +10,26 @@ Nothing here can lose a message:
   and only then acknowledges the DLQ copy: a crash in between leaves both (a duplicate the
   workers dedup), never neither;
 * purge acknowledges only what it read and reports each message it removed.
+
+Each of them holds the DLQ's lock while it reads (`reading`): a message one reader holds
+unacknowledged is invisible to every other, so two readers at once would each see part of
+the queue, and a requeue or purge would do part of its job while reporting success.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
+import random
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
+import aiormq
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
@@ -41,9 +50,21 @@ QUEUES = ("orders", "bonuses", "emails")
 
 _PUBLISH_TIMEOUT_S = 10.0
 
+# How long a reader waits for another to finish with a DLQ (a requeue of thousands of
+# messages takes seconds), and the pause between two tries.
+LOCK_WAIT_S = 30.0
+_LOCK_RETRY_S = (0.1, 0.3)
+# A payment view shows the database without dead letters rather than wait that long.
+VIEW_LOCK_WAIT_S = 3.0
+_DROP_TIMEOUT_S = 5.0
+
 
 class UnroutableError(Exception):
     """RabbitMQ could not queue a requeued copy; its DLQ copy was kept."""
+
+
+class DlqBusyError(Exception):
+    """Another reader (an operator command, an api replica) kept the DLQ past the wait."""
 
 
 class MissingQueueError(Exception):
@@ -59,6 +80,109 @@ async def _existing(queue: str) -> AsyncIterator[None]:
             f"queue {queue} does not exist (check AMQP_PREFIX; any payhooks service declares"
             " the queues when it starts)"
         ) from None
+
+
+def lock_name(dlq: str) -> str:
+    return f"{dlq}.lock"
+
+
+# RabbitMQ lets a connection declare its own exclusive queue again, so readers that share a
+# connection (the api's requests and its monitor) take turns here before asking RabbitMQ.
+_turns: weakref.WeakKeyDictionary[aiormq.abc.AbstractConnection, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@asynccontextmanager
+async def reading(
+    channel: AbstractChannel, dlq: str, *, wait_s: float | None = None
+) -> AsyncIterator[None]:
+    """Hold `dlq` for reading its messages on `channel`: one reader at a time, across every
+    process. DlqBusyError after `wait_s` (LOCK_WAIT_S) without it.
+
+    The lock is the exclusive queue `<dlq>.lock` on the reader's connection: RabbitMQ refuses
+    it to any other connection (RESOURCE_LOCKED) and deletes it when the connection closes, so
+    a reader that crashed never keeps it.
+    """
+    underlay = await channel.get_underlay_channel()
+    async with _held(underlay.connection, dlq, LOCK_WAIT_S if wait_s is None else wait_s):
+        try:
+            yield
+        finally:
+            # Acks and hand-backs get no reply: one round trip on the reader's channel makes
+            # sure RabbitMQ has them all before the next reader starts.
+            if not underlay.is_closed:
+                with contextlib.suppress(
+                    aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError
+                ):
+                    await underlay.basic_qos(prefetch_count=0)
+
+
+@asynccontextmanager
+async def _held(
+    connection: aiormq.abc.AbstractConnection, dlq: str, wait_s: float
+) -> AsyncIterator[None]:
+    turn = _turns.setdefault(connection, {}).setdefault(dlq, asyncio.Lock())
+    name = lock_name(dlq)
+    try:
+        async with asyncio.timeout(wait_s):
+            await turn.acquire()
+            try:
+                await _take(connection, name)
+            except BaseException:
+                await _release(turn, connection, name)
+                raise
+    except TimeoutError:
+        raise DlqBusyError(
+            f"{dlq} is busy: another requeue, purge or show held it for {wait_s:g} s;"
+            " try again when it has finished"
+        ) from None
+    try:
+        yield
+    finally:
+        await _release(turn, connection, name)
+
+
+async def _take(connection: aiormq.abc.AbstractConnection, name: str) -> None:
+    while True:
+        attempt = await connection.channel(publisher_confirms=False)
+        try:
+            await attempt.queue_declare(name, exclusive=True, auto_delete=True)
+            return  # the queue belongs to the connection; the channel can go
+        except aiormq.exceptions.ChannelLockedResource:
+            pass  # another connection holds it (and RabbitMQ closed this channel)
+        finally:
+            if not attempt.is_closed:
+                await attempt.close()
+        await asyncio.sleep(random.uniform(*_LOCK_RETRY_S))
+
+
+async def _release(
+    turn: asyncio.Lock, connection: aiormq.abc.AbstractConnection, name: str
+) -> None:
+    try:
+        await asyncio.shield(_drop(connection, name))
+    finally:
+        turn.release()
+
+
+async def _drop(connection: aiormq.abc.AbstractConnection, name: str) -> None:
+    """Delete the lock if this connection holds it. Run after every attempt, even a failed or
+    cancelled one: RabbitMQ refuses the deletion to anyone but the holder, and a lock left on
+    the api's long-lived connection would shut every other reader out."""
+    # RuntimeError: the connection is closed, and the lock went with it.
+    with contextlib.suppress(aiormq.exceptions.AMQPError, OSError, RuntimeError, TimeoutError):
+        async with asyncio.timeout(_DROP_TIMEOUT_S):
+            await _delete(connection, name)
+
+
+async def _delete(connection: aiormq.abc.AbstractConnection, name: str) -> None:
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        await channel.queue_delete(name)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +290,21 @@ async def _read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomi
 
 async def _hand_back(messages: Sequence[AbstractIncomingMessage]) -> None:
     for message in messages:  # in order: the queue gets them back in the order it had them
-        await message.nack(requeue=True)
+        try:
+            await message.nack(requeue=True)
+        except aiormq.exceptions.ChannelInvalidStateError:
+            return  # the channel is closed: RabbitMQ took back everything it held
 
 
-async def show(channel: AbstractChannel, dlq: str) -> list[DeadLetter]:
-    messages = await _read_all(channel, dlq)
-    try:
-        return [describe(m, dlq) for m in messages]
-    finally:
-        await _hand_back(messages)
+async def show(
+    channel: AbstractChannel, dlq: str, *, lock_wait_s: float | None = None
+) -> list[DeadLetter]:
+    async with reading(channel, dlq, wait_s=lock_wait_s):
+        messages = await _read_all(channel, dlq)
+        try:
+            return [describe(m, dlq) for m in messages]
+        finally:
+            await _hand_back(messages)
 
 
 async def stats(channel: AbstractChannel, topology: Topology) -> list[QueueStats]:
@@ -215,25 +345,28 @@ async def requeue(
     queue is gone) stops the requeue with UnroutableError and stays in the DLQ. `ids` only
     feeds `not_found`; the selection itself is `match`.
     """
-    messages = await _read_all(channel, dlq)
-    chosen: list[tuple[AbstractIncomingMessage, DeadLetter]] = []
-    keep: list[AbstractIncomingMessage] = []
-    for message in messages:
-        letter = describe(message, dlq)
-        if match(letter) and (limit is None or len(chosen) < limit):
-            chosen.append((message, letter))
-        else:
-            keep.append(message)
-    try:
-        if not dry_run:
-            for done, (message, letter) in enumerate(chosen, start=1):
-                await _republish(channel, message, letter)
-                await message.ack()  # only after the confirm: a crash here duplicates
-                if progress is not None:
-                    progress(done, len(chosen))
-    finally:
-        await _hand_back(keep if not dry_run else messages)
-    found = {letter.id for _, letter in chosen}
+    async with reading(channel, dlq):
+        messages = await _read_all(channel, dlq)
+        chosen: list[tuple[AbstractIncomingMessage, DeadLetter]] = []
+        for message in messages:
+            letter = describe(message, dlq)
+            if match(letter) and (limit is None or len(chosen) < limit):
+                chosen.append((message, letter))
+        moved: set[int] = set()  # id() of each message acknowledged
+        try:
+            if not dry_run:
+                for done, (message, letter) in enumerate(chosen, start=1):
+                    await _republish(channel, message, letter)
+                    await message.ack()  # only after the confirm: a crash here duplicates
+                    moved.add(id(message))
+                    if progress is not None:
+                        progress(done, len(chosen))
+        finally:
+            # Everything not moved goes back, in order, also after a failure half-way: the
+            # next reader must find it in the DLQ, not held by this channel.
+            await _hand_back([m for m in messages if id(m) not in moved])
+    requested = set(ids)
+    found = {i for _, letter in chosen for i in (letter.id, letter.event_id) if i in requested}
     return RequeueResult(
         requeued=[letter for _, letter in chosen],
         not_found=[i for i in ids if i not in found],
@@ -252,32 +385,41 @@ async def _republish(
         if not k.startswith("x-") and k not in (REASON, ATTEMPTS)
     }
     headers[REQUEUED] = letter.requeued + 1
-    confirm = await channel.default_exchange.publish(
-        persistent_copy(message, headers),
-        letter.original_queue,
-        mandatory=True,
-        timeout=_PUBLISH_TIMEOUT_S,
+    unroutable = UnroutableError(
+        f"{letter.original_queue} does not take messages (deleted or renamed?);"
+        f" {letter.id} stays in the DLQ"
     )
-    # Only a broker ack means "queued". A returned message (its queue is gone) is confirmed
-    # too, but as a DeliveredMessage: the DLQ copy must stay.
-    if not isinstance(confirm, Basic.Ack):
-        raise UnroutableError(
-            f"{letter.original_queue} does not take messages (deleted or renamed?);"
-            f" {letter.id} stays in the DLQ"
+    try:
+        confirm = await channel.default_exchange.publish(
+            persistent_copy(message, headers),
+            letter.original_queue,
+            mandatory=True,
+            timeout=_PUBLISH_TIMEOUT_S,
         )
+    except aio_pika.exceptions.DeliveryError as e:
+        # Returned (a channel with on_return_raises) or refused by the queue.
+        raise unroutable from e
+    # Only a broker ack means "queued". A returned message (its queue is gone) is confirmed
+    # too on other channels, but as a DeliveredMessage: the DLQ copy must stay.
+    if not isinstance(confirm, Basic.Ack):
+        raise unroutable
 
 
 async def purge(
     channel: AbstractChannel, dlq: str, *, progress: Progress | None = None
 ) -> list[DeadLetter]:
     """Remove every message now in the DLQ; return what was removed."""
-    messages = await _read_all(channel, dlq)
-    removed = []
-    for done, message in enumerate(messages, start=1):
-        removed.append(describe(message, dlq))
-        await message.ack()
-        if progress is not None:
-            progress(done, len(messages))
+    async with reading(channel, dlq):
+        messages = await _read_all(channel, dlq)
+        removed: list[DeadLetter] = []
+        try:
+            for done, message in enumerate(messages, start=1):
+                await message.ack()
+                removed.append(describe(message, dlq))
+                if progress is not None:
+                    progress(done, len(messages))
+        finally:
+            await _hand_back(messages[len(removed) :])
     return removed
 
 

@@ -7,7 +7,6 @@ RabbitMQ dead-lettered itself when the work queue's delivery limit ran out.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -383,6 +382,29 @@ async def test_requeue_by_id_reports_ids_that_are_not_in_the_dlq(
     assert result.not_found == ["evt_gone"]
 
 
+async def test_requeue_by_event_id_does_not_report_that_id_not_found(
+    channel: AbstractChannel, topology: Topology
+) -> None:
+    # A bonuses or emails message's id is `<event id>:order.paid`; operators know the event id.
+    bonuses = topology.work["bonuses"]
+    event_id = new_id("evt")
+    message = aio_pika.Message(
+        orjson.dumps({"source_event_id": event_id, "event": "order.paid", "payment_id": "p"}),
+        headers={REASON: "retries_exhausted", ORIGINAL_QUEUE: bonuses.name},
+        message_id=f"{event_id}:order.paid",
+        delivery_mode=DeliveryMode.PERSISTENT,
+    )
+    await channel.default_exchange.publish(message, bonuses.dlq, mandatory=True)
+    wanted = [event_id, "evt_gone"]
+
+    result = await dlq.requeue(channel, bonuses.dlq, dlq.matcher(ids=wanted), ids=wanted)
+
+    assert [d.id for d in result.requeued] == [f"{event_id}:order.paid"]
+    assert result.not_found == ["evt_gone"]
+    expected = {bonuses.name: [f"{event_id}:order.paid"], bonuses.dlq: []}
+    assert await queue_ids(channel, expected) == expected
+
+
 async def test_no_selection_requeues_nothing(channel: AbstractChannel, orders: WorkQueue) -> None:
     letters = [Letter(), Letter()]
     await put_dead_letters(channel, orders, letters)
@@ -475,19 +497,25 @@ async def test_failure_mid_requeue_leaves_every_message_somewhere(
     assert set(work_ids) | set(dlq_ids) == all_ids
 
 
+@pytest.mark.parametrize("on_return_raises", [False, True], ids=["returned", "raised"])
 async def test_requeue_to_a_queue_that_no_longer_exists_keeps_the_message_in_the_dlq(
-    channel: AbstractChannel, orders: WorkQueue, requeue_channel: AbstractChannel
+    channel: AbstractChannel, orders: WorkQueue, on_return_raises: bool
 ) -> None:
     # Its original queue was renamed or deleted (another AMQP_PREFIX, a retired worker): the
     # broker returns the unroutable copy instead of queueing it, so the DLQ copy must stay.
+    # The CLI's and the api's channels raise on a return; others hand the message back.
     stranded = Letter(original_queue=f"{orders.name}-retired")
-    await put_dead_letters(channel, orders, [stranded])
+    kept = Letter()
+    await put_dead_letters(channel, orders, [stranded, kept])
 
-    with contextlib.suppress(Exception):  # failing loudly is fine; dropping it is not
-        await dlq.requeue(requeue_channel, orders.dlq, dlq.matcher(everything=True))
-    await requeue_channel.close()
+    async with await aio_pika.connect(TEST_AMQP_URL) as connection:
+        requeue_channel = await connection.channel(
+            publisher_confirms=True, on_return_raises=on_return_raises
+        )
+        with pytest.raises(dlq.UnroutableError, match=f"{orders.name}-retired"):
+            await dlq.requeue(requeue_channel, orders.dlq, dlq.matcher(everything=True))
 
-    expected = {orders.dlq: [stranded.id], orders.name: []}
+    expected = {orders.dlq: [stranded.id, kept.id], orders.name: []}
     assert await queue_ids(channel, expected) == expected
 
 
