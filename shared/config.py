@@ -18,6 +18,9 @@ class ConfigError(Exception):
     """One or more environment variables are missing or malformed; the message names them all."""
 
 
+MIN_RETENTION_DAYS = 35
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     database_url: str = field(repr=False)
@@ -76,7 +79,7 @@ class Settings:
             "reconcile_interval_s": reader.parse("RECONCILE_INTERVAL", 60.0, _positive_float),
             "reconcile_after_s": reader.parse("RECONCILE_AFTER", 900.0, _positive_float),
             "admin_token": reader.optional("ADMIN_TOKEN"),
-            "retention_days": reader.parse("RETENTION_DAYS", 35, _positive_int),
+            "retention_days": reader.parse("RETENTION_DAYS", 35, _retention_days),
             "ingest_port": reader.parse("INGEST_PORT", 8080, _port),
             "api_port": reader.parse("API_PORT", 8081, _port),
             "orders_port": reader.parse("ORDERS_PORT", 9101, _port),
@@ -132,6 +135,15 @@ class _Reader:
             # The message describes the expected shape, never echoes the value (it may be secret).
             self.errors[name] = str(e)
             return default
+
+
+def _retention_days(raw: str) -> int:
+    # The inbox is the dedup window: X-Hub retries for up to 30 days and SPEC keeps accepted
+    # webhooks at least 35, so a shorter retention would let a late retry through as new.
+    value = _positive_int(raw)
+    if value < MIN_RETENTION_DAYS:
+        raise ValueError(f"must be at least {MIN_RETENTION_DAYS} (the dedup window)")
+    return value
 
 
 def _positive_int(raw: str) -> int:

@@ -100,7 +100,12 @@ class RateLimiter:
         self._burst = float(burst)
         self._tokens = float(burst)
         self._updated = time.monotonic()
+        self._held_until = 0.0
         self._lock = asyncio.Lock()
+
+    def hold(self, seconds: float) -> None:
+        """No token for anyone before `seconds` from now (the provider's Retry-After)."""
+        self._held_until = max(self._held_until, time.monotonic() + seconds)
 
     def _refill(self) -> None:
         now = time.monotonic()
@@ -109,6 +114,8 @@ class RateLimiter:
 
     async def acquire(self) -> None:
         async with self._lock:
+            if (held := self._held_until - time.monotonic()) > 0:
+                await asyncio.sleep(held)
             self._refill()
             if self._tokens < 1:
                 await asyncio.sleep((1 - self._tokens) / self._rate)
@@ -228,6 +235,9 @@ class ProviderClient:
                 return result
             failure = result
             delay = self._delay(attempt, failure.retry_after_s)
+            if failure.retry_after_s is not None:
+                # The provider asked everyone to wait: later calls (other payments) too.
+                self._limiter.hold(delay)
             retrying = attempt < self.policy.max_attempts and loop.time() + delay < deadline
             log.info(
                 "provider.request_failed",

@@ -30,7 +30,7 @@ TEST_AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:56
 TEST_SECRETS = ("test-secret-new", "test-secret-old")
 # A broker or database that does not answer fails the test setup in this long, not at the
 # 60 s pytest-timeout with a stack dump.
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 30.0
 
 
 def _reachable(url: str, default_port: int) -> bool:

@@ -4,6 +4,7 @@ and repair drift through the orders queue; then delete rows past the retention."
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import structlog
@@ -40,7 +41,10 @@ def create_app(settings: Settings) -> web.Application:
         async def run() -> None:
             await app[BROKER].wait_connected(float("inf"))
             while True:
+                started = time.monotonic()
                 try:
+                    # Full batches: more may be waiting. A pass ends after one interval, so a
+                    # backlog bigger than the provider's rate limit can't starve housekeeping.
                     while (
                         await reconcile_once(
                             app[DB_POOL],
@@ -51,8 +55,9 @@ def create_app(settings: Settings) -> web.Application:
                             again_after_s=settings.reconcile_interval_s,
                         )
                         == BATCH
+                        and time.monotonic() - started < settings.reconcile_interval_s
                     ):
-                        pass  # a full batch: more stale orders may be waiting
+                        pass
                     await housekeeping_once(app[DB_POOL], settings.retention_days)
                 except Exception as e:  # a pass may fail; the reconciler never does
                     log.warning("reconcile.pass_failed", error=repr(e))

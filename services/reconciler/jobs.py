@@ -22,7 +22,12 @@ from services.orders.domain import OrderState, ProviderEvent, decide
 from shared.broker import Broker, Outgoing
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ReconcilerMetrics
-from shared.provider import PaymentNotFoundError, ProviderClient, ProviderPayment
+from shared.provider import (
+    PaymentNotFoundError,
+    ProviderAuthError,
+    ProviderClient,
+    ProviderPayment,
+)
 from shared.queries import orders as orders_sql
 from shared.queries import retention as retention_sql
 
@@ -31,11 +36,13 @@ log = structlog.get_logger(__name__)
 BATCH = 100
 # PAID orders are asked about too (SPEC 6: "PAID but never SETTLED"): a lost `settled` or
 # `refunded` webhook would otherwise stay lost, and a refunded payment keep its bonus. Every
-# captured payment is expected to settle, so every PAID order qualifies, first after
-# RECONCILE_AFTER like the others, then at most once a day, for 30 days after its last change
-# (the provider's delivery ceiling): bounded calls for payments that never settle.
-PAID_AGAIN_AFTER_S = 86_400.0
-PAID_HORIZON_S = 30 * 86_400.0
+# captured payment is expected to settle, so every PAID order qualifies: first after
+# RECONCILE_AFTER like the others, then once a day. Undecided orders are asked every
+# RECONCILE_INTERVAL during their first day, then once a day too; nothing is asked about 30
+# days after its last change (the provider's delivery ceiling). Calls stay bounded for
+# payments that never settle or never resolve (abandoned carts the provider answers 404).
+SLOW_AGAIN_AFTER_S = 86_400.0
+HORIZON_S = 30 * 86_400.0
 _HOUSEKEEPING_BATCH = 1000
 _PUBLISH_TIMEOUT_S = 5.0
 
@@ -47,13 +54,14 @@ def synthetic_event(payment: ProviderPayment) -> tuple[str, bytes]:
     which the orders worker's processed_events key applies once.
     """
     at = payment.updated_at.astimezone(UTC).isoformat()
-    event_id = f"reconcile:{payment.payment_id}:{payment.status}:{at}"
+    event_id = f"reconcile:{payment.payment_id}:{payment.status.lower()}:{at}"
     body = orjson.dumps(
         {
             "event": "payment.status_changed",
             "payment_id": payment.payment_id,
-            "status": payment.status,
-            "amount": f"{payment.amount:.2f}",
+            "status": payment.status.lower(),
+            # Exactly the provider's amount: rounding could turn 99.995 into a matching 100.00.
+            "amount": format(payment.amount, "f"),
             "currency": payment.currency,
             "created_at": at,
             "source": "reconciliation",
@@ -71,17 +79,17 @@ async def reconcile_once(
     after_s: float,
     again_after_s: float,
 ) -> int:
-    """Check one batch of stale orders; return how many were checked (a full batch means
-    there may be more waiting)."""
+    """Check one batch of stale orders; return how many the provider was asked about (a full
+    batch means more may be waiting; fewer, that none are or the provider is failing)."""
     rows = await orders_sql.claim_stale_orders(
         pool,
         after_s,
         again_after_s,
         BATCH,
-        paid_again_after_s=max(PAID_AGAIN_AFTER_S, again_after_s),
-        paid_horizon_s=PAID_HORIZON_S,
+        slow_again_after_s=max(SLOW_AGAIN_AFTER_S, again_after_s),
+        horizon_s=HORIZON_S,
     )
-    for row in rows:
+    for index, row in enumerate(rows):
         payment_id = row["payment_id"]
         try:
             payment = await client.get_payment(payment_id)
@@ -89,7 +97,14 @@ async def reconcile_once(
             metrics.checked.labels(result="not_found").inc()
             log.warning("reconcile.unknown_to_provider", payment_id=payment_id)
             continue
-        except (PermanentError, TransientError) as e:
+        except (TransientError, ProviderAuthError) as e:
+            # The provider is down, throttling us, or refuses our key: asking about the next
+            # order would only hammer it. The pass ends; the rest are due again next pass.
+            metrics.checked.labels(result="provider_error").inc()
+            log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
+            await orders_sql.reschedule_now(pool, [r["payment_id"] for r in rows[index:]])
+            return index
+        except PermanentError as e:  # an answer about this payment we cannot use
             metrics.checked.labels(result="provider_error").inc()
             log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
             continue
@@ -97,7 +112,7 @@ async def reconcile_once(
         try:
             event = ProviderEvent(
                 event_type="payment.status_changed",
-                status=payment.status,
+                status=payment.status.lower(),  # as parse_event reads a webhook's
                 payment_id=payment_id,
                 amount=payment.amount,
                 currency=payment.currency,

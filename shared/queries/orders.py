@@ -135,20 +135,26 @@ async def transitions_for_payment(conn: Executor, payment_id: str) -> list[async
     )
 
 
-# Undecided orders are asked about every `again` seconds; PAID ones (a lost `settled` or
-# `refunded` webhook) every `paid_again` seconds, and only within `paid_horizon` of their last
-# change, so PAID orders that are never settled don't cost a call per interval for ever.
+# Due: never asked and unchanged for `after` seconds, or past the next_check_at the last claim
+# set. A claim sets next_check_at `again` seconds ahead for undecided orders changed within the
+# last day, `slow_again` ahead otherwise (PAID ones, old ones): bounded calls for payments that
+# never settle or never resolve. Nothing older than `horizon` (the provider's 30-day retry
+# ceiling) is asked about. A PAID order that had a refund reversed is left alone: whether the
+# provider then says "paid" or still "refunded" is not in its contract.
 _CLAIM_STALE = """
-UPDATE orders SET reconciled_at = now()
+UPDATE orders SET
+    reconciled_at = now(),
+    next_check_at = now() + make_interval(secs => CASE
+        WHEN status = 'PAID' OR updated_at < now() - interval '1 day' THEN $4::float8
+        ELSE $2::float8 END)
 WHERE payment_id IN (
     SELECT payment_id FROM orders
-    WHERE updated_at < now() - make_interval(secs => $1)
-      AND ((status IN ('PENDING', 'AMOUNT_MISMATCH')
-            AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $2)))
-        OR (status = 'PAID'
-            AND updated_at > now() - make_interval(secs => $5)
-            AND (reconciled_at IS NULL OR reconciled_at < now() - make_interval(secs => $4))))
-    ORDER BY updated_at
+    WHERE status IN ('PENDING', 'AMOUNT_MISMATCH', 'PAID')
+      AND ((next_check_at IS NULL AND updated_at < now() - make_interval(secs => $1))
+           OR next_check_at <= now())
+      AND updated_at > now() - make_interval(secs => $5)
+      AND (status <> 'PAID' OR reversed_refund_ids = '{}')
+    ORDER BY next_check_at NULLS FIRST, updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
 RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, refund_ids,
@@ -162,15 +168,22 @@ async def claim_stale_orders(
     again_after_s: float,
     limit: int,
     *,
-    paid_again_after_s: float,
-    paid_horizon_s: float,
+    slow_again_after_s: float,
+    horizon_s: float,
 ) -> list[asyncpg.Record]:
-    """Orders unchanged for `after_s`: undecided ones not asked about in the last
-    `again_after_s`, PAID ones (changed within `paid_horizon_s`) not asked about in the last
-    `paid_again_after_s`. Marked as asked in the same statement, so other reconcilers skip
-    them."""
+    """Orders due for a question to the provider (see _CLAIM_STALE), at most `limit`, due ones
+    first; rescheduled in the same statement, so other reconcilers skip them."""
     return await conn.fetch(
-        _CLAIM_STALE, after_s, again_after_s, limit, paid_again_after_s, paid_horizon_s
+        _CLAIM_STALE, after_s, again_after_s, limit, slow_again_after_s, horizon_s
+    )
+
+
+async def reschedule_now(conn: Executor, payment_ids: Sequence[str]) -> None:
+    """Claimed orders the reconciler did not get to ask about (the provider was failing):
+    due again at the next pass."""
+    await conn.execute(
+        "UPDATE orders SET next_check_at = now() WHERE payment_id = ANY($1::text[])",
+        list(payment_ids),
     )
 
 

@@ -302,6 +302,27 @@ async def test_retry_after_beyond_the_deadline_gives_up_at_once(
     assert len(provider.hits) == 1
 
 
+async def test_retry_after_holds_later_calls_for_other_payments_too(
+    provider: Provider, make_client: MakeClient
+) -> None:
+    """A 429 storm must not be met with one request per order: the provider's Retry-After
+    holds the whole client, so the next payment's call sends nothing until it has passed."""
+    provider.script = [status(429, {"Retry-After": "2"})]
+    client = await make_client(deadline_s=1.5)
+
+    with pytest.raises(ProviderUnavailableError):
+        await client.get_payment("pay_1")  # the wait doesn't fit its deadline: gives up
+    started = time.monotonic()
+    with pytest.raises(ProviderUnavailableError, match="rate limit wait"):
+        await client.get_payment("pay_2")  # held: nothing sent, and no longer than its deadline
+
+    assert len(provider.hits) == 1
+    assert time.monotonic() - started < 1.7
+    await asyncio.sleep(0.6)  # the provider's two seconds are over
+    assert (await client.get_payment("pay_3")).payment_id == "pay_3"
+    assert len(provider.hits) == 2
+
+
 async def test_slow_answers_time_out_and_exhaust_the_retries(
     provider: Provider, make_client: MakeClient
 ) -> None:

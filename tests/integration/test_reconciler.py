@@ -19,6 +19,7 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.provider import ProviderClient, ProviderPolicy
+from shared.queries import orders as orders_sql
 from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
@@ -107,8 +108,8 @@ async def reconciler(settings: Settings, topology: Topology, provider: Any) -> A
 async def make_stale(db: Any, payment_id: str) -> None:
     """As if an hour passed since the order's last change and its last reconciliation."""
     await db.execute(
-        "UPDATE orders SET updated_at = now() - interval '1 hour', reconciled_at = NULL"
-        " WHERE payment_id = $1",
+        "UPDATE orders SET updated_at = now() - interval '1 hour', reconciled_at = NULL,"
+        " next_check_at = NULL WHERE payment_id = $1",
         payment_id,
     )
 
@@ -247,25 +248,120 @@ async def test_paid_order_whose_refund_webhook_was_lost_is_refunded_and_the_bonu
     assert repairs == 1
 
 
-async def test_paid_orders_are_asked_about_daily_and_only_for_thirty_days(
+async def test_due_orders_are_asked_about_and_rescheduled(
     db: Any, amqp: Any, topology: Topology, provider: FakeProvider, reconciler: Any
 ) -> None:
-    for payment_id, changed, asked in (
-        ("pay_paid_due", "2 hours", None),  # never asked: due
-        ("pay_paid_asked", "2 hours", "1 hour"),  # asked an hour ago: not again today
-        ("pay_paid_yesterday", "3 days", "25 hours"),  # asked yesterday: due again
-        ("pay_paid_old", "31 days", None),  # past the horizon: left alone
-        ("pay_settled", "2 hours", None),  # settled: nothing left to learn
+    """Which orders a pass asks about, and when each is due again."""
+    for payment_id, status, changed, next_check, reversed_refunds in (
+        ("pay_new", "PENDING", "2 hours", None, []),  # never asked: due
+        ("pay_paid_new", "PAID", "2 hours", None, []),  # PAID but not settled: due
+        ("pay_paid_due", "PAID", "3 days", "-1 hour", []),  # due again
+        ("pay_paid_later", "PAID", "3 days", "23 hours", []),  # asked today: not yet
+        ("pay_paid_old", "PAID", "31 days", None, []),  # past the 30-day horizon
+        ("pay_paid_reversed", "PAID", "2 hours", None, ["r1"]),  # after a reversal: left
+        ("pay_settled", "SETTLED", "2 hours", None, []),  # settled: nothing to learn
     ):
-        await register(db, payment_id, status="SETTLED" if payment_id == "pay_settled" else "PAID")
+        await register(db, payment_id, status=status)
         await db.execute(
             "UPDATE orders SET updated_at = now() - $2::text::interval,"
-            " reconciled_at = now() - $3::text::interval WHERE payment_id = $1",
+            " next_check_at = now() + $3::text::interval, reversed_refund_ids = $4"
+            " WHERE payment_id = $1",
             payment_id,
             changed,
-            asked,
+            next_check,
+            reversed_refunds,
         )
-        provider.set(payment_id, "paid")
+        provider.set(payment_id, status.lower())
 
-    assert await reconciler() == 2
-    assert sorted(provider.asked) == ["pay_paid_due", "pay_paid_yesterday"]
+    assert await reconciler() == 3
+    assert sorted(provider.asked) == ["pay_new", "pay_paid_due", "pay_paid_new"]
+    # Undecided and fresh: again after RECONCILE_INTERVAL (60 s here); PAID: after a day.
+    ahead = {
+        r["payment_id"]: r["ahead_s"]
+        for r in await db.fetch(
+            "SELECT payment_id, extract(epoch FROM next_check_at - now()) AS ahead_s"
+            " FROM orders WHERE payment_id = ANY($1::text[])",
+            ["pay_new", "pay_paid_new", "pay_paid_due"],
+        )
+    }
+    assert 50 < ahead["pay_new"] <= 60
+    assert 86_000 < ahead["pay_paid_new"] <= 86_400
+    assert 86_000 < ahead["pay_paid_due"] <= 86_400
+    assert await reconciler() == 0  # nothing is due twice in a row
+
+
+async def test_orders_never_asked_come_before_ones_asked_again(db: Any) -> None:
+    """A backlog of orders that never resolve (re-asked every interval) can't starve a newly
+    stale one: it is claimed first."""
+    for i in range(5):
+        await register(db, f"pay_backlog_{i}")
+        await db.execute(
+            "UPDATE orders SET updated_at = now() - interval '3 hours',"
+            " next_check_at = now() - interval '1 minute' WHERE payment_id = $1",
+            f"pay_backlog_{i}",
+        )
+    await register(db, "pay_fresh")
+    await make_stale(db, "pay_fresh")
+
+    claimed = await orders_sql.claim_stale_orders(
+        db, 0.001, 60, 1, slow_again_after_s=86_400, horizon_s=30 * 86_400
+    )
+
+    assert [r["payment_id"] for r in claimed] == ["pay_fresh"]
+
+
+async def test_a_failing_provider_ends_the_pass_and_the_rest_stay_due(
+    db: Any, amqp: Any, topology: Topology, provider: FakeProvider, reconciler: Any
+) -> None:
+    """Backoff on provider errors: the first order's retries fail, so the pass stops instead
+    of asking about every other order too; those are due again next pass."""
+    for i in range(5):
+        await register(db, f"pay_down_{i}")
+        await make_stale(db, f"pay_down_{i}")
+        provider.set(f"pay_down_{i}", "paid")
+    provider.failures = [503] * 100
+
+    assert await reconciler() == 0
+
+    assert len(set(provider.asked)) == 1  # one order, its retries; none of the others
+    provider.failures = []
+    assert await reconciler() == 5  # the four never asked and the failed one, all due
+
+
+@pytest.mark.parametrize(
+    ("provider_amount", "status", "expected"),
+    [("99.995", "paid", "AMOUNT_MISMATCH"), ("100.004", "paid", "AMOUNT_MISMATCH"),
+     ("100.00", "Paid", "PAID")],
+)  # fmt: skip
+async def test_the_synthetic_event_carries_the_provider_amount_and_status_exactly(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    provider: FakeProvider,
+    reconciler: Any,
+    provider_amount: str,
+    status: str,
+    expected: str,
+) -> None:
+    """No rounding on the way (99.995 must not become a matching 100.00, which would grant a
+    bonus for an underpayment); the provider's status is read case-insensitively."""
+    await start_system(aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology)
+    await register(db, "pay_exact")
+    await make_stale(db, "pay_exact")
+    provider.set("pay_exact", status, amount=provider_amount)
+
+    await reconciler()
+
+    got = await eventually(
+        lambda: db.fetchval("SELECT status FROM orders WHERE payment_id = 'pay_exact'"),
+        lambda s: s != "PENDING",
+    )
+    assert got == expected
+    await asyncio.sleep(0.3)  # the effects that follow a transition, if any, have run
+    bonus = await db.fetchval(
+        "SELECT coalesce(sum(points), 0) FROM bonus_ledger WHERE payment_id = 'pay_exact'"
+    )
+    assert bonus == (500 if expected == "PAID" else 0)

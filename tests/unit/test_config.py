@@ -121,6 +121,7 @@ def test_empty_optional_variable_means_unset() -> None:
         ("RETRY_DELAYS", "1,,5"),
         ("XHUB_WEBHOOK_SECRETS", " , ,"),
         ("LOG_LEVEL", "verbose"),
+        ("RETENTION_DAYS", "3"),  # shorter than the dedup window X-Hub's retries need
     ],
 )
 def test_malformed_variable_is_named_in_the_error(name: str, value: str) -> None:
