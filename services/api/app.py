@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from services.api import dlq_routes, handlers, monitor
+from services.api import dlq_routes, errors, handlers, monitor
 from services.api.dlq_access import DlqAccess
 from shared import service
 from shared.broker import BROKER, broker_ctx
@@ -52,6 +52,7 @@ def create_app(
     registry = new_registry()
     queue_metrics = QueueMetrics.create(registry)
     app = base_app(registry)
+    app.middlewares.append(errors.json_errors)  # first: outside every other
     app.middlewares.append(admin_auth(settings.admin_token))
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url))

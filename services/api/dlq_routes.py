@@ -102,7 +102,10 @@ async def requeue_dlq(request: web.Request) -> web.Response:
         if not isinstance(everything, bool) or not isinstance(dry_run, bool):
             raise _BadRequest("all and dry_run must be true or false")
         limit = data.get("limit")
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
+        # bool is an int in Python: `"limit": true` must not mean 1.
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
             raise _BadRequest("limit must be a positive whole number")
         match = dlq.matcher(
             ids=ids,

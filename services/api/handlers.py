@@ -10,6 +10,7 @@ from aiohttp import web
 from services.api.dlq_access import DlqAccess
 from shared import dlq, support
 from shared.db import DB_POOL
+from shared.errors import UnavailableError
 from shared.orders import OrderValidationError, order_json, parse_new_order
 from shared.queries import orders as orders_sql
 
@@ -52,13 +53,26 @@ async def get_order(request: web.Request) -> web.Response:
 async def get_payment(request: web.Request) -> web.Response:
     payment_id = request.match_info["payment_id"]
     access = request.app[DLQ_ACCESS]
-    letters = []
-    async with access.channel() as channel:
-        for queue in dlq.QUEUES:
-            letters.extend(await dlq.show(channel, dlq.dlq_name(access.topology, queue)))
+    letters: list[dlq.DeadLetter] = []
+    missing: str | None = None
+    try:
+        async with access.channel() as channel:
+            for queue in dlq.QUEUES:
+                letters.extend(
+                    await dlq.show(
+                        channel,
+                        dlq.dlq_name(access.topology, queue),
+                        lock_wait_s=dlq.VIEW_LOCK_WAIT_S,
+                    )
+                )
+    except (UnavailableError, dlq.DlqBusyError, dlq.MissingQueueError) as e:
+        # The database holds most of the answer: give it, and say what is missing.
+        missing = str(e)
     view = await support.payment_view(request.app[DB_POOL], payment_id, letters)
     if view is None:
         return json_error(404, "payment not found")
+    if missing is not None:
+        view["dead_letters_unavailable"] = missing
     return json_response(view)
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from structlog.testing import capture_logs
 
 from services.api.app import create_app
+from shared import support
 from shared.config import Settings
 
 TOKEN = {"Authorization": "Bearer test-admin-token"}
@@ -103,3 +107,89 @@ async def test_order_lookup(api: TestClient) -> None:
     assert found.status == 200
     assert (await found.json())["payment_id"] == "pay_api_1"
     assert missing.status == 404
+
+
+# --- JSON everywhere, RabbitMQ down ----------------------------------------------------------
+
+
+@pytest.fixture
+async def api_without_rabbitmq(
+    aiohttp_client: Any, make_settings: Callable[..., Settings], db: Any
+) -> TestClient:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once the socket is closed
+    settings = make_settings(AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/")
+    client: TestClient = await aiohttp_client(create_app(settings))
+    return client
+
+
+async def test_dlq_routes_without_rabbitmq_are_503_json_with_retry_after(
+    api_without_rabbitmq: TestClient,
+) -> None:
+    for method, path in (
+        ("GET", "/api/dlq"),
+        ("GET", "/api/dlq/orders"),
+        ("POST", "/api/dlq/orders/requeue"),
+    ):
+        response = await api_without_rabbitmq.request(
+            method, path, json={"all": True}, headers=TOKEN
+        )
+
+        assert response.status == 503, path
+        assert response.content_type == "application/json", path
+        assert "RabbitMQ" in (await response.json())["error"], path
+        assert int(response.headers["Retry-After"]) > 0, path
+
+
+async def test_payment_view_without_rabbitmq_shows_the_database_and_says_so(
+    api_without_rabbitmq: TestClient,
+) -> None:
+    assert (await api_without_rabbitmq.post("/api/orders", json=ORDER, headers=TOKEN)).ok
+
+    response = await api_without_rabbitmq.get("/api/payments/pay_api_1", headers=TOKEN)
+
+    assert response.status == 200
+    view = await response.json()
+    assert view["order"]["order_id"] == "ord_api_1"
+    assert view["dead_letters"] == []
+    assert "RabbitMQ" in view["dead_letters_unavailable"]
+
+
+async def test_unknown_routes_and_methods_answer_json(api: TestClient) -> None:
+    unknown = await api.get("/api/nothing-here", headers=TOKEN)
+    wrong_method = await api.delete("/api/orders/ord_api_1", headers=TOKEN)
+
+    assert unknown.status == 404
+    assert (await unknown.json())["error"]
+    assert wrong_method.status == 405
+    assert (await wrong_method.json())["error"]
+    assert "GET" in wrong_method.headers["Allow"]
+
+
+async def test_an_unexpected_error_is_a_logged_json_500(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(conn: Any, user_id: str) -> dict[str, Any]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(support, "user_bonus", broken)
+
+    with capture_logs() as logs:
+        response = await api.get("/api/users/u1/bonus", headers=TOKEN)
+
+    assert response.status == 500
+    assert "a bug" not in (await response.json())["error"]  # details go to the log only
+    [failed] = [e for e in logs if e["event"] == "request.failed"]
+    assert (failed["log_level"], failed["path"], failed["exc_info"]) == (
+        "error",
+        "/api/users/u1/bonus",
+        True,
+    )
+
+
+async def test_metrics_stay_prometheus_text(api: TestClient) -> None:
+    response = await api.get("/metrics")
+
+    assert response.status == 200
+    assert response.content_type == "text/plain"

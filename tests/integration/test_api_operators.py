@@ -7,15 +7,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import aio_pika
+import orjson
 import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
 from services.api.app import create_app
+from shared import dlq
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology, WorkQueue
-from tests.conftest import SmtpSink
+from shared.worker import ORIGINAL_QUEUE
+from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
     System,
@@ -296,6 +300,7 @@ BAD_REQUEUES: list[tuple[bytes, str]] = [
     (b'{"since": "2026-01-01T00:00:00Z", "until": "soon"}', "until"),
     (b'{"all": true, "limit": 0}', "limit"),
     (b'{"all": true, "limit": "5"}', "limit"),
+    (b'{"all": true, "limit": true}', "limit"),  # bool is an int in Python, not here
     (b'{"reason": 5}', "reason"),
 ]
 
@@ -503,6 +508,71 @@ async def test_requeue_route_matching_nothing_requeues_nothing(
 
     assert status == 200
     assert (payload["requeued"], payload["ids"]) == (0, [])
+    expected = {orders.dlq: [letter.id], orders.name: []}
+    assert await queue_ids(channel, expected) == expected
+
+
+async def test_requeue_to_a_queue_that_no_longer_exists_is_409_and_keeps_the_message(
+    api: TestClient, channel: AbstractChannel, orders: WorkQueue
+) -> None:
+    stranded = Letter(original_queue=f"{orders.name}-retired")
+    await put_dead_letters(channel, orders, [stranded])
+
+    status, payload = await answer(
+        await api.post("/api/dlq/orders/requeue", json={"all": True}, headers=AUTH)
+    )
+
+    assert status == 409
+    assert f"{orders.name}-retired" in payload["error"]
+    expected = {orders.dlq: [stranded.id], orders.name: []}
+    assert await queue_ids(channel, expected) == expected
+
+
+async def test_requeue_by_event_id_does_not_report_it_not_found(
+    api: TestClient, channel: AbstractChannel, topology: Topology
+) -> None:
+    bonuses = topology.work["bonuses"]
+    event_id = new_id("evt")
+    message = aio_pika.Message(
+        orjson.dumps({"source_event_id": event_id, "event": "order.paid", "payment_id": "p"}),
+        headers={ORIGINAL_QUEUE: bonuses.name},
+        message_id=f"{event_id}:order.paid",
+    )
+    await channel.default_exchange.publish(message, bonuses.dlq, mandatory=True)
+
+    status, payload = await answer(
+        await api.post("/api/dlq/bonuses/requeue", json={"ids": [event_id]}, headers=AUTH)
+    )
+
+    assert status == 200
+    assert (payload["ids"], payload["not_found"]) == ([f"{event_id}:order.paid"], [])
+
+
+async def test_a_dlq_another_reader_holds_past_the_wait_is_503_with_retry_after(
+    api: TestClient,
+    channel: AbstractChannel,
+    orders: WorkQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Another api replica or an operator's command is requeueing thousands of messages.
+    letter = Letter()
+    await put_dead_letters(channel, orders, [letter])
+    monkeypatch.setattr(dlq, "LOCK_WAIT_S", 0.5)
+
+    async with await aio_pika.connect(TEST_AMQP_URL) as other:
+        holder = await other.channel()
+        async with dlq.reading(holder, orders.dlq):
+            answers = [
+                await api.get("/api/dlq/orders", headers=AUTH),
+                await api.get("/api/dlq", headers=AUTH),
+                await api.post("/api/dlq/orders/requeue", json={"all": True}, headers=AUTH),
+            ]
+
+    for response in answers:
+        status, payload = await answer(response)
+        assert status == 503, payload
+        assert "busy" in payload["error"]
+        assert int(response.headers["Retry-After"]) > 0
     expected = {orders.dlq: [letter.id], orders.name: []}
     assert await queue_ids(channel, expected) == expected
 

@@ -1,0 +1,46 @@
+"""The api's error middleware: every failure answers JSON (SPEC section 7), never text.
+
+HTTP errors keep their status (and Allow for a 405); a broker that is down or a DLQ another
+reader holds is 503 with Retry-After; anything unexpected is a logged 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from services.api.handlers import json_error
+from shared import dlq
+from shared.errors import UnavailableError
+
+log = structlog.get_logger(__name__)
+
+RETRY_AFTER_S = 5
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def unavailable(message: str) -> web.Response:
+    response = json_error(503, message)
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise  # a redirect is not an error
+        response = json_error(e.status, e.reason.lower())
+        if "Allow" in e.headers:
+            response.headers["Allow"] = e.headers["Allow"]
+        return response
+    except (UnavailableError, dlq.DlqBusyError) as e:
+        return unavailable(str(e))
+    except Exception:
+        log.exception("request.failed", method=request.method, path=request.path)
+        return json_error(500, "internal error (logged)")
