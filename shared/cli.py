@@ -1,7 +1,8 @@
 """The `payhooks` console script: run a service, migrate, and the operator commands.
 
-Exit codes: 0 ok, 1 nothing matched, 2 usage or configuration, 3 PostgreSQL or RabbitMQ
-unreachable, 4 conflicting order.
+Exit codes: 0 ok, 1 nothing matched, 2 usage or configuration (a queue that does not exist,
+a requeue to a queue that is gone), 3 PostgreSQL or RabbitMQ unreachable, or the DLQ busy
+with another operator command or api replica, 4 conflicting order.
 """
 
 from __future__ import annotations
@@ -68,7 +69,13 @@ def _parser() -> argparse.ArgumentParser:
         "requeue", help="move messages back to their queue (confirmed before removed)"
     )
     requeue.add_argument("queue", choices=QUEUES)
-    requeue.add_argument("--id", action="append", help="message or event id (repeatable)")
+    requeue.add_argument(
+        "--id",
+        action="extend",
+        nargs="+",
+        metavar="ID",
+        help="message or event ids (--id A B, or --id A --id B)",
+    )
     requeue.add_argument("--all", action="store_true", help="every message")
     requeue.add_argument("--reason", help="e.g. unknown_payment, retries_exhausted")
     requeue.add_argument("--event-type", help="e.g. payment.status_changed, order.paid")
@@ -146,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     handler: Command = args.handler
     try:
         sys.exit(asyncio.run(handler(settings, args)))
-    except operator.UnreachableError as e:
+    except (operator.UnreachableError, dlq.DlqBusyError) as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(operator.EXIT_UNREACHABLE)
     except (dlq.MissingQueueError, dlq.UnroutableError) as e:

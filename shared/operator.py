@@ -110,8 +110,14 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
     try:
         async with broker(settings) as (channel, topology):
             for queue in dlq.QUEUES:
-                letters.extend(await dlq.show(channel, dlq.dlq_name(topology, queue)))
-    except (UnreachableError, dlq.MissingQueueError) as e:
+                letters.extend(
+                    await dlq.show(
+                        channel,
+                        dlq.dlq_name(topology, queue),
+                        lock_wait_s=dlq.VIEW_LOCK_WAIT_S,
+                    )
+                )
+    except (UnreachableError, dlq.MissingQueueError, dlq.DlqBusyError) as e:
         # The database holds most of the answer: show it, and say what is missing.
         print(f"payhooks: dead letters not shown: {e}", file=sys.stderr)
     async with database(settings) as conn:

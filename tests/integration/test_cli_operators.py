@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 import os
 import pty
 import signal
@@ -24,10 +25,11 @@ import orjson
 import pytest
 from aio_pika.abc import AbstractChannel, DeliveryMode
 
+from shared import cli, dlq
 from shared.config import Settings
 from shared.topology import Topology, WorkQueue
 from shared.worker import ORIGINAL_QUEUE, REASON
-from tests.conftest import SmtpSink
+from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
     System,
@@ -205,6 +207,78 @@ async def test_dlq_requeue_by_id_moves_that_message_and_names_ids_not_found(
     assert await queue_ids(channel, expected) == expected
 
 
+async def test_dlq_requeue_takes_several_ids_after_one_flag(
+    payhooks: Payhooks, channel: AbstractChannel, orders: WorkQueue
+) -> None:
+    # SPEC: `payhooks dlq requeue QUEUE (--id ID… | --all)`; --id stays repeatable too.
+    a, b, c, d = (Letter() for _ in range(4))
+    await put_dead_letters(channel, orders, [a, b, c, d])
+
+    result = await payhooks(
+        "dlq", "requeue", "orders", "--json", "--id", a.id, c.id, "evt_gone", "--id", d.id
+    )
+
+    assert result.code == 0, result.err
+    assert (result.json()["ids"], result.json()["not_found"]) == ([a.id, c.id, d.id], ["evt_gone"])
+    expected = {orders.name: [a.id, c.id, d.id], orders.dlq: [b.id]}
+    assert await queue_ids(channel, expected) == expected
+
+
+async def test_dlq_requeue_waits_for_another_reader_then_moves_everything(
+    payhooks: Payhooks, channel: AbstractChannel, orders: WorkQueue
+) -> None:
+    letters = [Letter() for _ in range(3)]
+    await put_dead_letters(channel, orders, letters)
+
+    async with await aio_pika.connect(TEST_AMQP_URL) as other:
+        holder = await other.channel()
+        async with dlq.reading(holder, orders.dlq):  # the api's monitor, say
+            requeue = asyncio.create_task(payhooks("dlq", "requeue", "orders", "--all"))
+            await asyncio.sleep(1.5)
+            assert not requeue.done()
+
+    result = await requeue
+    assert result.code == 0, result.err
+    assert "requeued 3 message(s)" in result.out
+    expected = {orders.name: [x.id for x in letters], orders.dlq: []}
+    assert await queue_ids(channel, expected) == expected
+
+
+async def test_dlq_held_by_another_reader_past_the_wait_exits_3(
+    settings: Settings,
+    channel: AbstractChannel,
+    orders: WorkQueue,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The console script's own main(), in a thread (it runs its own event loop), so that the
+    # 30 s wait can be shortened.
+    letter = Letter()
+    await put_dead_letters(channel, orders, [letter])
+    for name, value in cli_env(settings).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(dlq, "LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr(cli, "configure_logging", lambda level: None)
+    levels = {name: logging.getLogger(name).level for name in ("aio_pika", "aiormq")}
+
+    try:
+        async with await aio_pika.connect(TEST_AMQP_URL) as other:
+            holder = await other.channel()
+            async with dlq.reading(holder, orders.dlq):
+                with pytest.raises(SystemExit) as exit_:
+                    await asyncio.to_thread(cli.main, ["dlq", "requeue", "orders", "--all"])
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+    assert exit_.value.code == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{orders.dlq} is busy" in err
+    expected = {orders.dlq: [letter.id], orders.name: []}
+    assert await queue_ids(channel, expected) == expected
+
+
 @pytest.mark.parametrize(
     ("flags", "moved"),
     [
@@ -329,7 +403,10 @@ async def test_dlq_requeue_to_a_queue_that_no_longer_exists_fails_and_keeps_the_
 
     result = await payhooks("dlq", "requeue", "orders", "--all")
 
-    assert result.code != 0
+    assert result.code == 2  # configuration: the queue it came from is gone
+    assert "Traceback" not in result.err
+    assert len(result.err.strip().splitlines()) == 1, result.err
+    assert f"{orders.name}-retired does not take messages" in result.err
     expected = {orders.dlq: [stranded.id], orders.name: []}
     assert await queue_ids(channel, expected) == expected
 
