@@ -2,6 +2,8 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
+# The interpreter the venv is made from: Python 3.11, what pyproject.toml and the image pin.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
 .PHONY: help install run migrate test lint bench bench-workers demo clean
 
@@ -15,7 +17,10 @@ help:
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 
 $(BIN)/payhooks: pyproject.toml
-	python3 -m venv $(VENV)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
+		echo "payhooks needs Python 3.11 (pyproject.toml); install it, or: make PYTHON=/path/to/python3.11"; \
+		exit 1; }
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@

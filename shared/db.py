@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 from asyncpg.pool import PoolConnectionProxy
 
+from shared.migrate import load_migrations
 from shared.web import READINESS_CHECKS
 
 # Every statement on the request path must finish well inside the provider's 10 s budget.
@@ -85,6 +86,8 @@ async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Po
 def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup context that opens the pool at startup and closes it at shutdown."""
 
+    needed = max(m.version for m in load_migrations())
+
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         async with open_pool(dsn, max_size=max_size) as pool:
             app[DB_POOL] = pool
@@ -92,7 +95,13 @@ def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], Asy
             async def database() -> bool:
                 return bool(await pool.fetchval("SELECT 1"))
 
-            app[READINESS_CHECKS].append(database)
+            async def schema() -> bool:
+                # Not ready on an older schema: a pod started (or upgraded) before its
+                # migrate job finished must not take traffic it would fail.
+                applied = await pool.fetchval("SELECT max(version) FROM schema_migrations")
+                return applied is not None and applied >= needed
+
+            app[READINESS_CHECKS].extend([database, schema])
             yield
 
     return ctx

@@ -282,7 +282,18 @@ def test_readme_start_here_commands_exist() -> None:
     assert "`docker compose up`" in start
     assert "`docker compose run --rm test`" in start
     assert "test" in compose()["services"]
-    assert "`docker compose --profile demo up`" in start
+    demo = re.search(
+        r"`RECONCILE_AFTER=(\d+) RECONCILE_INTERVAL=(\d+) docker compose --profile demo up`", start
+    )
+    assert demo, "README's compose demo command"
+    # SPEC 6: a lost webhook is repaired within RECONCILE_AFTER + 2 x RECONCILE_INTERVAL; the
+    # simulator must keep its payments API up that long, or the demo fails its own check.
+    command = compose()["services"]["simulator"]["command"]
+    linger = float(command[command.index("--linger") + 1])
+    assert int(demo.group(1)) + 2 * int(demo.group(2)) < linger
+    reconciler_env = compose()["services"]["reconciler"]["environment"]
+    assert reconciler_env["RECONCILE_AFTER"].startswith("${RECONCILE_AFTER:-")
+    assert reconciler_env["RECONCILE_INTERVAL"].startswith("${RECONCILE_INTERVAL:-")
     for link in re.findall(r"\]\(([^)#]+)\)", README.read_text()):
         assert (ROOT / link).exists(), f"README links to missing {link}"
 

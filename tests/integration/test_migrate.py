@@ -12,8 +12,11 @@ from typing import Any
 
 import asyncpg
 import pytest
+from prometheus_client import CollectorRegistry
 
+from shared.db import pool_ctx
 from shared.migrate import load_migrations, migrate
+from shared.web import base_app
 from tests.conftest import database_url, run_database_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,3 +175,36 @@ async def test_three_concurrent_migrate_commands_succeed(
         + ["migrations applied: none (schema is current)\n"] * 2
     )
     assert await snapshot(dsn) == reference
+
+
+async def test_a_service_is_not_ready_until_its_schema_is_migrated(
+    fresh_dsn: FreshDsn, aiohttp_client: Any
+) -> None:
+    """/readyz holds traffic back from a pod that started before its migrate job finished
+    (first install, or an upgrade that brings a new migration)."""
+    dsn = await fresh_dsn()
+    app = base_app(CollectorRegistry())
+    app.cleanup_ctx.append(pool_ctx(dsn))
+    client = await aiohttp_client(app)
+
+    empty = await client.get("/readyz")
+    assert empty.status == 503
+    assert (await empty.json())["failing"] == ["schema"]
+
+    await migrate(dsn)
+    newest = max(m.version for m in load_migrations())
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            "DELETE FROM schema_migrations WHERE version = $1 RETURNING *", newest
+        )
+        behind = await client.get("/readyz")  # as if one migration behind the code
+        assert behind.status == 503
+        await conn.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", newest, row["name"]
+        )
+    finally:
+        await conn.close()
+
+    ready = await client.get("/readyz")
+    assert ready.status == 200
