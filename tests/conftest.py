@@ -139,9 +139,51 @@ def migrated_database() -> Iterator[str]:
         yield url
 
 
+# Every queue prefix this run handed out, for the sweep at the end of the session.
+_PREFIXES: list[str] = []
+_TEST_RETRY_DELAYS = "0.2,0.4"
+
+
 @pytest.fixture
 def prefix() -> str:
-    return f"t{uuid.uuid4().hex[:10]}."
+    name = f"t{uuid.uuid4().hex[:10]}."
+    _PREFIXES.append(name)
+    return name
+
+
+def _topologies(prefix: str) -> list[Topology]:
+    """The topologies a test's prefix can have been declared with: the tests' retry delays,
+    and the defaults (services run as subprocesses without RETRY_DELAYS)."""
+    delays = {Settings.from_env({"RETRY_DELAYS": _TEST_RETRY_DELAYS}).retry_delays_s}
+    delays.add(Settings.from_env({}).retry_delays_s)
+    return [build_topology(prefix, d) for d in sorted(delays)]
+
+
+async def _delete_everything(channel: aio_pika.abc.AbstractChannel, prefix: str) -> None:
+    for topology in _topologies(prefix):
+        await delete(channel, topology)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_queues() -> Iterator[None]:
+    """At the end of the run, delete every queue of every prefix again: a service that was
+    still shutting down when its test's teardown deleted them may have declared some anew
+    (left behind, hundreds of them once wedged this machine's RabbitMQ)."""
+    yield
+    if not _PREFIXES:
+        return
+
+    async def sweep() -> None:
+        connection = await aio_pika.connect(TEST_AMQP_URL, timeout=CONNECT_TIMEOUT_S)
+        try:
+            channel = await connection.channel()
+            for name in _PREFIXES:
+                await _delete_everything(channel, name)
+        finally:
+            await connection.close()
+
+    with contextlib.suppress(Exception):  # RabbitMQ down: those tests failed already
+        asyncio.run(sweep())
 
 
 @pytest.fixture
@@ -154,7 +196,7 @@ def make_settings(migrated_database: str, prefix: str) -> Callable[..., Settings
             "AMQP_URL": TEST_AMQP_URL,
             "XHUB_WEBHOOK_SECRETS": ",".join(TEST_SECRETS),
             "AMQP_PREFIX": prefix,
-            "RETRY_DELAYS": "0.2,0.4",
+            "RETRY_DELAYS": _TEST_RETRY_DELAYS,
             "ADMIN_TOKEN": "test-admin-token",
         }
         env.update(overrides)
@@ -200,6 +242,7 @@ async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel
         if channel.is_closed:
             channel = await connection.channel()
         await delete(channel, topology)
+        await _delete_everything(channel, topology.prefix)
         await connection.close()
 
 
