@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from shared import dlq, operator, supervisor
+from shared import dlq, dlq_lock, operator, supervisor
 from shared.config import ConfigError, Settings
 from shared.dlq import QUEUES
 from shared.logs import configure_logging
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     handler: Command = args.handler
     try:
         sys.exit(asyncio.run(handler(settings, args)))
-    except (operator.UnreachableError, dlq.DlqBusyError) as e:
+    except (operator.UnreachableError, dlq_lock.DlqBusyError) as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(operator.EXIT_UNREACHABLE)
     except (dlq.MissingQueueError, dlq.UnroutableError) as e:

@@ -18,11 +18,7 @@ the queue, and a requeue or purge would do part of its job while reporting succe
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
-import random
-import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,6 +31,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
 
 from shared.broker import persistent_copy
+from shared.dlq_lock import reading
 from shared.topology import Topology
 from shared.worker import (
     ATTEMPTS,
@@ -50,21 +47,9 @@ QUEUES = ("orders", "bonuses", "emails")
 
 _PUBLISH_TIMEOUT_S = 10.0
 
-# How long a reader waits for another to finish with a DLQ (a requeue of thousands of
-# messages takes seconds), and the pause between two tries.
-LOCK_WAIT_S = 30.0
-_LOCK_RETRY_S = (0.1, 0.3)
-# A payment view shows the database without dead letters rather than wait that long.
-VIEW_LOCK_WAIT_S = 3.0
-_DROP_TIMEOUT_S = 5.0
-
 
 class UnroutableError(Exception):
     """RabbitMQ could not queue a requeued copy; its DLQ copy was kept."""
-
-
-class DlqBusyError(Exception):
-    """Another reader (an operator command, an api replica) kept the DLQ past the wait."""
 
 
 class MissingQueueError(Exception):
@@ -80,109 +65,6 @@ async def _existing(queue: str) -> AsyncIterator[None]:
             f"queue {queue} does not exist (check AMQP_PREFIX; any payhooks service declares"
             " the queues when it starts)"
         ) from None
-
-
-def lock_name(dlq: str) -> str:
-    return f"{dlq}.lock"
-
-
-# RabbitMQ lets a connection declare its own exclusive queue again, so readers that share a
-# connection (the api's requests and its monitor) take turns here before asking RabbitMQ.
-_turns: weakref.WeakKeyDictionary[aiormq.abc.AbstractConnection, dict[str, asyncio.Lock]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-@asynccontextmanager
-async def reading(
-    channel: AbstractChannel, dlq: str, *, wait_s: float | None = None
-) -> AsyncIterator[None]:
-    """Hold `dlq` for reading its messages on `channel`: one reader at a time, across every
-    process. DlqBusyError after `wait_s` (LOCK_WAIT_S) without it.
-
-    The lock is the exclusive queue `<dlq>.lock` on the reader's connection: RabbitMQ refuses
-    it to any other connection (RESOURCE_LOCKED) and deletes it when the connection closes, so
-    a reader that crashed never keeps it.
-    """
-    underlay = await channel.get_underlay_channel()
-    async with _held(underlay.connection, dlq, LOCK_WAIT_S if wait_s is None else wait_s):
-        try:
-            yield
-        finally:
-            # Acks and hand-backs get no reply: one round trip on the reader's channel makes
-            # sure RabbitMQ has them all before the next reader starts.
-            if not underlay.is_closed:
-                with contextlib.suppress(
-                    aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError
-                ):
-                    await underlay.basic_qos(prefetch_count=0)
-
-
-@asynccontextmanager
-async def _held(
-    connection: aiormq.abc.AbstractConnection, dlq: str, wait_s: float
-) -> AsyncIterator[None]:
-    turn = _turns.setdefault(connection, {}).setdefault(dlq, asyncio.Lock())
-    name = lock_name(dlq)
-    try:
-        async with asyncio.timeout(wait_s):
-            await turn.acquire()
-            try:
-                await _take(connection, name)
-            except BaseException:
-                await _release(turn, connection, name)
-                raise
-    except TimeoutError:
-        raise DlqBusyError(
-            f"{dlq} is busy: another requeue, purge or show held it for {wait_s:g} s;"
-            " try again when it has finished"
-        ) from None
-    try:
-        yield
-    finally:
-        await _release(turn, connection, name)
-
-
-async def _take(connection: aiormq.abc.AbstractConnection, name: str) -> None:
-    while True:
-        attempt = await connection.channel(publisher_confirms=False)
-        try:
-            await attempt.queue_declare(name, exclusive=True, auto_delete=True)
-            return  # the queue belongs to the connection; the channel can go
-        except aiormq.exceptions.ChannelLockedResource:
-            pass  # another connection holds it (and RabbitMQ closed this channel)
-        finally:
-            if not attempt.is_closed:
-                await attempt.close()
-        await asyncio.sleep(random.uniform(*_LOCK_RETRY_S))
-
-
-async def _release(
-    turn: asyncio.Lock, connection: aiormq.abc.AbstractConnection, name: str
-) -> None:
-    try:
-        await asyncio.shield(_drop(connection, name))
-    finally:
-        turn.release()
-
-
-async def _drop(connection: aiormq.abc.AbstractConnection, name: str) -> None:
-    """Delete the lock if this connection holds it. Run after every attempt, even a failed or
-    cancelled one: RabbitMQ refuses the deletion to anyone but the holder, and a lock left on
-    the api's long-lived connection would shut every other reader out."""
-    # RuntimeError: the connection is closed, and the lock went with it.
-    with contextlib.suppress(aiormq.exceptions.AMQPError, OSError, RuntimeError, TimeoutError):
-        async with asyncio.timeout(_DROP_TIMEOUT_S):
-            await _delete(connection, name)
-
-
-async def _delete(connection: aiormq.abc.AbstractConnection, name: str) -> None:
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        await channel.queue_delete(name)
-    finally:
-        if not channel.is_closed:
-            await channel.close()
 
 
 @dataclass(frozen=True, slots=True)

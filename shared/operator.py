@@ -15,7 +15,7 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from shared import dlq, support
+from shared import dlq, dlq_lock, support
 from shared.config import Settings
 from shared.console import Progress, table
 from shared.db import init_connection
@@ -114,10 +114,10 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
                     await dlq.show(
                         channel,
                         dlq.dlq_name(topology, queue),
-                        lock_wait_s=dlq.VIEW_LOCK_WAIT_S,
+                        lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S,
                     )
                 )
-    except (UnreachableError, dlq.MissingQueueError, dlq.DlqBusyError) as e:
+    except (UnreachableError, dlq.MissingQueueError, dlq_lock.DlqBusyError) as e:
         # The database holds most of the answer: show it, and say what is missing.
         print(f"payhooks: dead letters not shown: {e}", file=sys.stderr)
     async with database(settings) as conn:

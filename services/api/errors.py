@@ -12,7 +12,7 @@ import structlog
 from aiohttp import web
 
 from services.api.handlers import json_error
-from shared import dlq
+from shared import dlq_lock
 from shared.errors import UnavailableError
 
 log = structlog.get_logger(__name__)
@@ -39,7 +39,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if "Allow" in e.headers:
             response.headers["Allow"] = e.headers["Allow"]
         return response
-    except (UnavailableError, dlq.DlqBusyError) as e:
+    except (UnavailableError, dlq_lock.DlqBusyError) as e:
         return unavailable(str(e))
     except Exception:
         log.exception("request.failed", method=request.method, path=request.path)

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from services.api.dlq_access import DlqAccess
-from shared import dlq, support
+from shared import dlq, dlq_lock, support
 from shared.db import DB_POOL
 from shared.errors import UnavailableError
 from shared.orders import OrderValidationError, order_json, parse_new_order
@@ -62,10 +62,10 @@ async def get_payment(request: web.Request) -> web.Response:
                     await dlq.show(
                         channel,
                         dlq.dlq_name(access.topology, queue),
-                        lock_wait_s=dlq.VIEW_LOCK_WAIT_S,
+                        lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S,
                     )
                 )
-    except (UnavailableError, dlq.DlqBusyError, dlq.MissingQueueError) as e:
+    except (UnavailableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
         # The database holds most of the answer: give it, and say what is missing.
         missing = str(e)
     view = await support.payment_view(request.app[DB_POOL], payment_id, letters)

@@ -14,7 +14,7 @@ from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
 from services.api.app import create_app
-from shared import dlq
+from shared import dlq_lock
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology, WorkQueue
@@ -557,11 +557,11 @@ async def test_a_dlq_another_reader_holds_past_the_wait_is_503_with_retry_after(
     # Another api replica or an operator's command is requeueing thousands of messages.
     letter = Letter()
     await put_dead_letters(channel, orders, [letter])
-    monkeypatch.setattr(dlq, "LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr(dlq_lock, "LOCK_WAIT_S", 0.5)
 
     async with await aio_pika.connect(TEST_AMQP_URL) as other:
         holder = await other.channel()
-        async with dlq.reading(holder, orders.dlq):
+        async with dlq_lock.reading(holder, orders.dlq):
             answers = [
                 await api.get("/api/dlq/orders", headers=AUTH),
                 await api.get("/api/dlq", headers=AUTH),

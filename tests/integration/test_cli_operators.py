@@ -25,7 +25,7 @@ import orjson
 import pytest
 from aio_pika.abc import AbstractChannel, DeliveryMode
 
-from shared import cli, dlq
+from shared import cli, dlq_lock
 from shared.config import Settings
 from shared.topology import Topology, WorkQueue
 from shared.worker import ORIGINAL_QUEUE, REASON
@@ -232,7 +232,7 @@ async def test_dlq_requeue_waits_for_another_reader_then_moves_everything(
 
     async with await aio_pika.connect(TEST_AMQP_URL) as other:
         holder = await other.channel()
-        async with dlq.reading(holder, orders.dlq):  # the api's monitor, say
+        async with dlq_lock.reading(holder, orders.dlq):  # the api's monitor, say
             requeue = asyncio.create_task(payhooks("dlq", "requeue", "orders", "--all"))
             await asyncio.sleep(1.5)
             assert not requeue.done()
@@ -257,14 +257,14 @@ async def test_dlq_held_by_another_reader_past_the_wait_exits_3(
     await put_dead_letters(channel, orders, [letter])
     for name, value in cli_env(settings).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(dlq, "LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr(dlq_lock, "LOCK_WAIT_S", 0.5)
     monkeypatch.setattr(cli, "configure_logging", lambda level: None)
     levels = {name: logging.getLogger(name).level for name in ("aio_pika", "aiormq")}
 
     try:
         async with await aio_pika.connect(TEST_AMQP_URL) as other:
             holder = await other.channel()
-            async with dlq.reading(holder, orders.dlq):
+            async with dlq_lock.reading(holder, orders.dlq):
                 with pytest.raises(SystemExit) as exit_:
                     await asyncio.to_thread(cli.main, ["dlq", "requeue", "orders", "--all"])
     finally:

@@ -16,7 +16,7 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from shared import dlq
+from shared import dlq, dlq_lock
 from shared.topology import Topology, WorkQueue
 from tests.conftest import CONNECT_TIMEOUT_S, TEST_AMQP_URL
 from tests.helpers import eventually
@@ -51,7 +51,7 @@ async def connect() -> AsyncIterator[Callable[[], Awaitable[AbstractConnection]]
 async def lock_exists(connection: AbstractConnection, queue: str) -> bool:
     probe = await connection.channel()  # a failed passive declare closes its channel
     try:
-        await probe.declare_queue(dlq.lock_name(queue), passive=True)
+        await probe.declare_queue(dlq_lock.lock_name(queue), passive=True)
     except aio_pika.exceptions.ChannelNotFoundEntity:
         return False
     except aiormq.exceptions.ChannelLockedResource:
@@ -165,9 +165,9 @@ async def test_a_dlq_held_past_the_wait_is_busy_and_nothing_moves(
     holder = await (await connect()).channel()
     operator = await (await connect()).channel()
 
-    async with dlq.reading(holder, orders.dlq):
+    async with dlq_lock.reading(holder, orders.dlq):
         assert await lock_exists(await connect(), orders.dlq)
-        with pytest.raises(dlq.DlqBusyError, match="busy"):
+        with pytest.raises(dlq_lock.DlqBusyError, match="busy"):
             await dlq.show(operator, orders.dlq, lock_wait_s=0.5)
 
     # Released: the next reader gets it at once, and everything is still there.
@@ -188,7 +188,7 @@ async def test_a_holder_whose_connection_dies_releases_the_dlq(
     entered = asyncio.Event()
 
     async def hold_for_ever() -> None:
-        async with dlq.reading(await crashing.channel(), orders.dlq):
+        async with dlq_lock.reading(await crashing.channel(), orders.dlq):
             entered.set()
             await asyncio.Event().wait()
 
