@@ -37,6 +37,7 @@ from tests.integration.test_dlq import (
     new_id,
     put_dead_letters,
     queue_ids,
+    selection_letters,
 )
 
 TOKEN = "test-admin-token"  # tests.conftest make_settings: ADMIN_TOKEN
@@ -440,14 +441,7 @@ async def test_requeue_route_moves_the_selected_messages_and_says_which(
     moved: str,
     not_found: list[str],
 ) -> None:
-    minute = dt.timedelta(minutes=1)
-    letters = {
-        "a": Letter(reason="unknown_payment", failed_at=BASE_TIME),
-        "b": Letter(reason="retries_exhausted", failed_at=BASE_TIME + minute),
-        "c": Letter(
-            reason="unknown_payment", event="refund.completed", failed_at=BASE_TIME + 2 * minute
-        ),
-    }
+    letters = selection_letters()
     await put_dead_letters(channel, orders, list(letters.values()))
     if "ids" in body:
         body = {**body, "ids": [letters[i].id if i in letters else i for i in body["ids"]]}

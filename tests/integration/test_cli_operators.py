@@ -41,13 +41,13 @@ from tests.integration.system import (
     system_settings,
 )
 from tests.integration.test_dlq import (
-    BASE_TIME,
     Letter,
     contents,
     ids,
     new_id,
     put_dead_letters,
     queue_ids,
+    selection_letters,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -298,14 +298,7 @@ async def test_dlq_requeue_json_reports_exactly_what_moved(
     flags: list[str],
     moved: str,
 ) -> None:
-    minute = dt.timedelta(minutes=1)
-    letters = {
-        "a": Letter(reason="unknown_payment", failed_at=BASE_TIME),
-        "b": Letter(reason="retries_exhausted", failed_at=BASE_TIME + minute),
-        "c": Letter(
-            reason="unknown_payment", event="refund.completed", failed_at=BASE_TIME + 2 * minute
-        ),
-    }
+    letters = selection_letters()
     await put_dead_letters(channel, orders, list(letters.values()))
     flags = [letters[f].payment_id if f in letters else f for f in flags]
 

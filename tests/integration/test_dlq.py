@@ -57,6 +57,19 @@ class Letter:
         return orjson.dumps(payment_event(self.payment_id, event=self.event))
 
 
+def selection_letters() -> dict[str, Letter]:
+    """What the requeue-selection tests pick from, a minute apart: a and c unknown_payment
+    (c a refund event), b retries_exhausted."""
+    minute = dt.timedelta(minutes=1)
+    return {
+        "a": Letter(reason="unknown_payment", failed_at=BASE_TIME),
+        "b": Letter(reason="retries_exhausted", failed_at=BASE_TIME + minute),
+        "c": Letter(
+            reason="unknown_payment", event="refund.completed", failed_at=BASE_TIME + 2 * minute
+        ),
+    }
+
+
 async def put_dead_letters(
     channel: AbstractChannel, work: WorkQueue, letters: Sequence[Letter]
 ) -> None:
