@@ -24,15 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
+import aiormq
 import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
 from aiohttp import web
 
 from shared.broker import BROKER, Broker, persistent_copy
-from shared.errors import PermanentError, TransientError
+from shared.errors import PermanentError, TransientError, UnavailableError
 from shared.metrics import WorkerMetrics
 from shared.tasks import cancel_and_wait
 from shared.topology import WorkQueue
+from shared.web import READINESS_CHECKS
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +48,8 @@ REASON = "reason"
 ORIGINAL_QUEUE = "original_queue"
 
 _PUBLISH_TIMEOUT_S = 5.0
+_START_TIMEOUT_S = 10.0
+_START_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 
 # Database connections per worker process. Prefetched messages beyond this wait for a
 # connection; PostgreSQL's default of 100 connections must fit every replica of every service.
@@ -96,12 +100,51 @@ class Worker:
 
     async def _start(self) -> None:
         await self._broker.wait_connected(timeout_s=float("inf"))
-        channel = await self._broker.connection.channel()
-        await channel.set_qos(prefetch_count=self._prefetch)
-        queue = await channel.get_queue(self._queue.name, ensure=False)
-        self._channel, self._consuming = channel, queue
-        self._consumer_tag = await queue.consume(self._on_message)
+        attempt = 0
+        while True:
+            try:
+                await self._consume()
+                return
+            except (TimeoutError, OSError, aio_pika.exceptions.AMQPError, UnavailableError) as e:
+                # The broker went away between connecting and consuming: try again.
+                delay = _START_BACKOFF_S[min(attempt, len(_START_BACKOFF_S) - 1)]
+                attempt += 1
+                log.warning(
+                    "worker.consume_failed", worker=self.name, error=repr(e), retry_in_s=delay
+                )
+                if self._channel is not None:
+                    with contextlib.suppress(Exception):
+                        await self._channel.close()
+                self._channel = None
+                await asyncio.sleep(delay)
+
+    async def _consume(self) -> None:
+        async with asyncio.timeout(_START_TIMEOUT_S):
+            channel = await self._broker.connection.channel()
+            self._channel = channel
+            await channel.set_qos(prefetch_count=self._prefetch)
+            # declare_queue, not get_queue(ensure=False): only a queue the robust channel
+            # declared itself is restored with its consumer when the connection comes back.
+            # The queue taken the other way was never re-consumed after a broker restart.
+            queue = await channel.declare_queue(self._queue.name, passive=True)
+            self._consuming = queue
+            self._consumer_tag = await queue.consume(self._on_message)
         log.info("worker.consuming", worker=self.name, queue=self._queue.name)
+
+    async def consuming(self) -> bool:
+        """Whether this worker has a live consumer on its queue right now (readiness): false
+        while the broker is away, while the channel is being restored, and after RabbitMQ
+        cancelled the consumer until it is registered again."""
+        channel, tag = self._channel, self._consumer_tag
+        if channel is None or tag is None or channel.is_closed or not self._broker.is_ready:
+            return False
+        underlay = await channel.get_underlay_channel()
+        # aiormq drops a consumer from `consumers` when RabbitMQ cancels it (basic.cancel).
+        return (
+            isinstance(underlay, aiormq.Channel)
+            and not underlay.is_closed
+            and tag in underlay.consumers
+        )
 
     async def stop(self) -> None:
         """Stop taking messages, let those in hand finish, hand back the rest."""
@@ -220,6 +263,11 @@ def worker_ctx(
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         worker = Worker(name, app[BROKER], queue, make_handler(app), metrics, prefetch=prefetch)
+
+        async def consumer() -> bool:
+            return await worker.consuming()
+
+        app[READINESS_CHECKS].append(consumer)
         worker.start()
         try:
             yield

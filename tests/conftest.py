@@ -240,7 +240,13 @@ async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel
         yield channel
     finally:
         if channel.is_closed:
-            channel = await connection.channel()
+            try:
+                channel = await connection.channel()
+            except (RuntimeError, aio_pika.exceptions.AMQPError):  # RabbitMQ was restarted
+                with contextlib.suppress(Exception):
+                    await connection.close()
+                connection = await aio_pika.connect(TEST_AMQP_URL, timeout=CONNECT_TIMEOUT_S)
+                channel = await connection.channel()
         await delete(channel, topology)
         await _delete_everything(channel, topology.prefix)
         await connection.close()

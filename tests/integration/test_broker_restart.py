@@ -1,0 +1,115 @@
+"""RabbitMQ restarted under running services: every consumer comes back by itself.
+
+The round-1 services reconnected after `rabbitmqctl stop_app` / `start_app` but never
+consumed again (the work queue was taken with `get_queue(ensure=False)`, which aio-pika's
+robust channel does not restore), while every /readyz said ready. This is the regression test:
+the real broker goes away for 10 s, comes back, and a new paid webhook is processed end to end
+within 30 s with no service restarted; while a worker has no consumer its /readyz says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import aio_pika
+import pytest
+
+from shared.config import Settings
+from shared.topology import Topology
+from tests import faults
+from tests.conftest import TEST_AMQP_URL, SmtpSink
+from tests.helpers import eventually, payment_event
+from tests.integration.system import (
+    WORK_QUEUE,
+    consumer_counts,
+    effects,
+    post,
+    quiescent,
+    register,
+    smtp_messages,
+    start_system,
+    system_settings,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+DOWN_S = 10.0
+RECOVERY_BUDGET_S = 30.0
+
+
+@pytest.fixture
+def local_broker() -> None:
+    try:
+        faults.require_rabbitmqctl()
+    except faults.FaultUnavailableError as e:
+        if os.environ.get("CI"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+
+
+async def statuses(system: Any) -> dict[str, int]:
+    result = {}
+    for name, clients in system.clients.items():
+        response = await clients[0].get("/readyz")
+        result[name] = response.status
+    return result
+
+
+async def test_services_consume_again_after_rabbitmq_restarts(
+    local_broker: None,
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> None:
+    sink, port = smtp
+    settings: Settings = system_settings(make_settings, port)
+    system = await start_system(aiohttp_client, settings, amqp, topology)
+    await register(db, "pay_before")
+    await register(db, "pay_after")
+    await post(system.ingest, payment_event("pay_before", "paid"))
+    await quiescent(db, system)
+    assert await statuses(system) == dict.fromkeys(system.clients, 200)
+
+    try:
+        await asyncio.to_thread(faults.rabbitmq_stop_app)
+        # Every service says it can't work while the broker is away (the workers because
+        # their consumers are gone with the connection).
+        await eventually(
+            lambda: statuses(system),
+            lambda s: s == dict.fromkeys(system.clients, 503),
+            timeout_s=10,
+        )
+        await asyncio.sleep(DOWN_S)
+    finally:
+        await asyncio.to_thread(faults.ensure_rabbitmq)
+    back = time.monotonic()
+
+    # No service restarted: the same apps reconnect and consume again.
+    await eventually(
+        lambda: statuses(system),
+        lambda s: s == dict.fromkeys(system.clients, 200),
+        timeout_s=RECOVERY_BUDGET_S,
+        interval_s=0.2,
+    )
+    async with await aio_pika.connect(TEST_AMQP_URL) as connection:
+        channel = await connection.channel()
+        queues = {topology.work[q].name: 1 for q in WORK_QUEUE.values()}
+        assert await consumer_counts(channel, queues) == queues
+
+        deadline = back + RECOVERY_BUDGET_S
+        await post(system.ingest, payment_event("pay_after", "paid"))
+        await quiescent(db, system, timeout_s=max(1.0, deadline - time.monotonic()))
+    assert await effects(db, "pay_after") == {
+        "status": "PAID",
+        "bonus": 500,
+        "ledger": ["grant"],
+        "emails": ["payment_succeeded"],
+    }
+    assert smtp_messages(sink, "pay_after") == ["payment_succeeded"]
+    assert time.monotonic() - back < RECOVERY_BUDGET_S
