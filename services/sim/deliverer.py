@@ -78,6 +78,7 @@ class DeliveryRecord:
     attempts: int = 0
     reason: FailReason | None = None
     http_statuses: list[int | None] = field(default_factory=list)  # None: network/timeout
+    answered_at: list[float] = field(default_factory=list)  # wall clock of each answer
     breaker_holds: int = 0
 
     def as_json(self) -> dict[str, Any]:
@@ -172,6 +173,7 @@ class Deliverer:
                 continue
             code = await self._attempt(webhook.event_id, body)
             record.http_statuses.append(code)
+            record.answered_at.append(self._wall_clock())
             outcome = classify(code)
             breaker.record(self.now(), outcome)
             decision = next_action(state, outcome, self.now())

@@ -204,11 +204,12 @@ async def deliver(plan: Plan, deliverer: Deliverer) -> list[DeliveryRecord]:
     records = list(await asyncio.gather(*tasks))
     for p in plan.payments:
         if p.lost:
-            records.extend(_lost(w) for w in p.events)
+            records.extend(lost_record(w) for w in p.events)
     return records
 
 
-def _lost(webhook: Webhook) -> DeliveryRecord:
+def lost_record(webhook: Webhook) -> DeliveryRecord:
+    """The record of a webhook the provider never sent (a lost one)."""
     return DeliveryRecord(
         event_id=webhook.event_id,
         payment_id=webhook.payment_id,

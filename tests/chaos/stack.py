@@ -1,0 +1,263 @@
+"""The system a chaos round runs: `payhooks run all` on its own database and queue prefix,
+reaching PostgreSQL and RabbitMQ through TCP proxies (so a round can cut the network), an SMTP
+sink that counts every message it receives, and the simulator's payments API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import aiohttp
+import asyncpg
+from aiosmtpd.controller import Controller
+
+from services.sim.api import PaymentBook, start_api
+from shared.config import Settings
+from shared.migrate import migrate
+from shared.topology import Topology, build_topology, delete
+from tests import faults
+from tests.processes import free_port, payhooks_command
+from tests.proxy import TcpProxy
+
+DATABASE = "payhooks_chaos"
+PREFIX = "chaos."
+SECRET = "chaos-secret"
+API_KEY = "chaos-provider-key"
+ADMIN_TOKEN = "chaos-admin-token"
+# Production's retry ladder: a 30 s outage must not exhaust it (a dead letter is a lost effect
+# until an operator requeues it).
+RETRY_DELAYS = "1,5,30,120,600"
+SERVICES = ("ingest", "orders", "bonuses", "email", "reconciler", "api")
+PORT_VARIABLES = {
+    "ingest": "INGEST_PORT",
+    "api": "API_PORT",
+    "orders": "ORDERS_PORT",
+    "bonuses": "BONUSES_PORT",
+    "email": "EMAIL_PORT",
+    "reconciler": "RECONCILER_PORT",
+}
+
+
+@dataclass
+class Mail:
+    message_id: str
+    template: str
+    received: float
+
+
+@dataclass
+class SmtpCounter:
+    """aiosmtpd handler: every message received, in order (a second copy is a doubled email)."""
+
+    mails: list[Mail] = field(default_factory=list)
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        message = email.message_from_bytes(envelope.content)
+        self.mails.append(
+            Mail(
+                str(message["Message-ID"]),
+                str(message["X-Payhooks-Template"]),
+                time.time(),
+            )
+        )
+        return "250 Message accepted for delivery"
+
+    def copies(self) -> Counter[str]:
+        return Counter(m.message_id for m in self.mails)
+
+
+def _with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def _with_address(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=f"{credentials}127.0.0.1:{port}"))
+
+
+class Stack:
+    """One round's system. `start()` brings it up; `close()` removes everything it made."""
+
+    def __init__(self, database_url: str, amqp_url: str, workdir: Path) -> None:
+        self.admin_url = _with_database(database_url, "postgres")
+        self.database_url = _with_database(database_url, DATABASE)
+        self.amqp_url = amqp_url
+        self.workdir = workdir
+        self.pg_proxy = TcpProxy(
+            urlsplit(database_url).hostname or "127.0.0.1", urlsplit(database_url).port or 5432
+        )
+        self.amqp_proxy = TcpProxy(
+            urlsplit(amqp_url).hostname or "127.0.0.1", urlsplit(amqp_url).port or 5672
+        )
+        self.smtp = SmtpCounter()
+        self.book = PaymentBook()
+        self.ports = {name: free_port() for name in SERVICES}
+        self.topology: Topology = build_topology(
+            PREFIX, Settings.from_env({"RETRY_DELAYS": RETRY_DELAYS}).retry_delays_s
+        )
+        self.process: asyncio.subprocess.Process | None = None
+        self._controller: Controller | None = None
+        self._api: Any = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def ingest_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['ingest']}"
+
+    async def start(self, log_path: Path) -> None:
+        await self._fresh_database()
+        await self.delete_queues()
+        await asyncio.to_thread(faults.ensure_dlx_supervisor)
+        await self.pg_proxy.start()
+        await self.amqp_proxy.start()
+        smtp_port = free_port()
+        self._controller = Controller(self.smtp, hostname="127.0.0.1", port=smtp_port)
+        self._controller.start()
+        self._api, api_url = await start_api(self.book, API_KEY)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": os.environ.get("HOME", "/root"),
+            "DATABASE_URL": _with_address(self.database_url, self.pg_proxy.port),
+            "AMQP_URL": _with_address(self.amqp_url, self.amqp_proxy.port),
+            "AMQP_PREFIX": PREFIX,
+            "XHUB_WEBHOOK_SECRETS": SECRET,
+            "XHUB_TIMESTAMP_TOLERANCE": "3600",
+            "ADMIN_TOKEN": ADMIN_TOKEN,
+            "XHUB_API_URL": api_url,
+            "XHUB_API_KEY": API_KEY,
+            "RECONCILE_INTERVAL": "2",
+            "RECONCILE_AFTER": "3",
+            "RETRY_DELAYS": RETRY_DELAYS,
+            "SMTP_PORT": str(smtp_port),
+            "EMAIL_FROM": "payments@chaos.test",
+            "LOG_LEVEL": "WARNING",
+            **{PORT_VARIABLES[name]: str(port) for name, port in self.ports.items()},
+        }
+        with log_path.open("wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                *payhooks_command(),
+                "run",
+                "all",
+                env=env,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        await self.wait_ready(timeout_s=60)
+
+    async def close(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(40):
+                    await self.process.wait()
+            except TimeoutError:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                await self.process.wait()
+        if self._session is not None:
+            await self._session.close()
+        if self._api is not None:
+            await self._api.cleanup()
+        if self._controller is not None:
+            self._controller.stop()
+        await self.pg_proxy.close()
+        await self.amqp_proxy.close()
+        with contextlib.suppress(Exception):
+            await self.delete_queues()
+            await asyncio.sleep(1)  # the dead-letter workers of deleted queues stop meanwhile
+            await asyncio.to_thread(faults.ensure_dlx_supervisor)
+        with contextlib.suppress(Exception):
+            await self._drop_database()
+
+    # --- the database and the queues -----------------------------------------------------
+
+    async def _fresh_database(self) -> None:
+        await self._drop_database()
+        admin = await asyncpg.connect(self.admin_url, timeout=10)
+        try:
+            await admin.execute(f"CREATE DATABASE {DATABASE}")
+        finally:
+            await admin.close()
+        await migrate(self.database_url)
+
+    async def _drop_database(self) -> None:
+        admin = await asyncpg.connect(self.admin_url, timeout=10)
+        try:
+            await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        finally:
+            await admin.close()
+
+    async def delete_queues(self) -> None:
+        connection = await aio_pika.connect(self.amqp_url, timeout=10)
+        async with connection:
+            await delete(await connection.channel(), self.topology)
+
+    async def dead_letters(self) -> dict[str, int]:
+        connection = await aio_pika.connect(self.amqp_url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            depths = {}
+            for base, work in self.topology.work.items():
+                queue = await channel.declare_queue(work.dlq, passive=True)
+                depths[base] = queue.declaration_result.message_count or 0
+            return depths
+
+    # --- the services ----------------------------------------------------------------------
+
+    async def readiness(self) -> dict[str, int]:
+        """/readyz status per service (0: no answer)."""
+        assert self._session is not None
+
+        async def one(port: int) -> int:
+            try:
+                async with self._session.get(f"http://127.0.0.1:{port}/readyz") as response:  # type: ignore[union-attr]
+                    return response.status
+            except (aiohttp.ClientError, TimeoutError):
+                return 0
+
+        statuses = await asyncio.gather(*(one(p) for p in self.ports.values()))
+        return dict(zip(self.ports, statuses, strict=True))
+
+    async def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until every service answered ready."""
+        started = time.monotonic()
+        while True:
+            statuses = await self.readiness()
+            if all(s == 200 for s in statuses.values()):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"not ready after {timeout_s:g} s: {statuses}")
+            if self.process is not None and self.process.returncode is not None:
+                raise RuntimeError(f"payhooks run all exited with {self.process.returncode}")
+            await asyncio.sleep(0.25)
+
+    def service_pid(self, service: str) -> int:
+        """The pid of the running `payhooks run <service>` child of the supervisor."""
+        assert self.process is not None
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                argv = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            if parent == self.process.pid and argv[-2:] == [b"run", service.encode()]:
+                return int(entry.name)
+        raise LookupError(f"no running {service} process")
+
+    def kill(self, service: str) -> None:
+        os.kill(self.service_pid(service), signal.SIGKILL)

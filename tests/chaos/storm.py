@@ -1,0 +1,66 @@
+"""The traffic of a chaos round: the X-Hub simulator's payments (paid, settled, refunded,
+expired flows; duplicates, reordering, lost webhooks), delivered at a steady pace with X-Hub's
+retry ladders (time-scaled), so that some are in flight before, during and after the fault."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import asyncpg
+
+from services.sim import scenario
+from services.sim.deliverer import Deliverer, DeliveryRecord
+from tests.chaos.stack import SECRET, Stack
+
+
+@dataclass(frozen=True, slots=True)
+class StormConfig:
+    payments: int = 300
+    sends_per_s: float = 20.0
+    time_scale: float = 10.0  # X-Hub's ladders 10x faster: 1 s -> 0.1 s, 5 min -> 30 s
+    concurrency: int = 16
+    seed: int | None = None
+
+
+async def prepare(stack: Stack, config: StormConfig) -> scenario.Plan:
+    """The round's plan, its orders registered and its payments known to the provider's API."""
+    plan = scenario.generate(
+        scenario.ScenarioConfig(
+            payments=config.payments,
+            duplicate_rate=0.1,
+            reorder_rate=0.2,
+            lost_rate=0.03,
+            concurrency=config.concurrency,
+            seed=config.seed,
+            prefix=f"chaos{int(time.time())}",
+        )
+    )
+    scenario.publish_to_api(plan, stack.book)
+    pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=2)
+    try:
+        await scenario.register_orders(pool, plan.payments)
+    finally:
+        await pool.close()
+    return plan
+
+
+async def deliver(stack: Stack, plan: scenario.Plan, config: StormConfig) -> list[DeliveryRecord]:
+    """Start one delivery every 1/sends_per_s seconds; wait until every one has ended
+    (delivered, or failed after X-Hub's ladder)."""
+    async with Deliverer(
+        stack.ingest_url,
+        SECRET.encode(),
+        time_scale=config.time_scale,
+        concurrency=config.concurrency,
+    ) as deliverer:
+        tasks = []
+        for webhook, copy in plan.sends:
+            tasks.append(asyncio.create_task(deliverer.deliver(webhook, copy)))
+            await asyncio.sleep(1 / config.sends_per_s)
+        records = list(await asyncio.gather(*tasks))
+    for payment in plan.payments:
+        if payment.lost:
+            records.extend(scenario.lost_record(w) for w in payment.events)
+    return records
