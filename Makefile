@@ -5,7 +5,7 @@ PY := $(BIN)/python
 # The interpreter the venv is made from: Python 3.11, what pyproject.toml and the image pin.
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
-.PHONY: help install run migrate test lint bench bench-workers demo clean
+.PHONY: help install run migrate test lint bench bench-workers demo chaos clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
@@ -15,6 +15,7 @@ help:
 	@echo "make bench    - ingest benchmark: batched accept path vs the naive baseline"
 	@echo "make demo     - the whole system plus the X-Hub simulator (300 payments), checked"
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
+	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail"
 
 $(BIN)/payhooks: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
@@ -50,6 +51,11 @@ bench: migrate
 
 bench-workers: install
 	$(PY) -m bench.workers
+
+# Every fault round (or ROUNDS=rabbitmq-stop,kill-orders): stops, kills and restarts this
+# machine's RabbitMQ and PostgreSQL, so never beside other tests. About 20 minutes.
+chaos: install
+	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
