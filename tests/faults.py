@@ -61,10 +61,20 @@ def rabbitmq_start_app() -> None:
 
 
 def wait_rabbitmq(timeout_s: float = 120.0) -> None:
-    """Until the AMQP listener accepts connections (`ping` answers while it is still booting)."""
+    """Until the AMQP listener accepts connections (`ping` answers while it is still booting;
+    `await_startup` fails at once while the node itself is not up yet)."""
     require_rabbitmqctl()
-    _run("rabbitmqctl", "-q", "await_startup", timeout_s=timeout_s)
-    wait_port(AMQP_ADDRESS, timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while (
+        subprocess.run(
+            ["rabbitmqctl", "-q", "await_startup"], capture_output=True, timeout=timeout_s
+        ).returncode
+        != 0
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"RabbitMQ not started after {timeout_s:g} s")
+        time.sleep(1)
+    wait_port(AMQP_ADDRESS, timeout_s=max(1.0, deadline - time.monotonic()))
 
 
 def rabbitmq_pid() -> int:

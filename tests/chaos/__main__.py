@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -46,6 +47,7 @@ class RoundResult:
     answered_503: int = 0
     unavailable_s: float = 0.0
     ready_after_s: float | None = None
+    ingest_unready_s: float = 0.0
     right_after_s: float | None = None
     failed_deliveries: int = 0
     examples: list[str] = field(default_factory=list)
@@ -74,20 +76,32 @@ def _answers(records: list[DeliveryRecord], result: RoundResult) -> None:
     result.failed_deliveries = sum(1 for r in records if r.result and r.result.value == "FAILED")
 
 
-def _ready_after(samples: list[tuple[float, bool]], restored: float) -> float:
+Samples = list[tuple[float, dict[str, int]]]
+
+
+def _ready_after(samples: Samples, restored: float) -> float:
     """From the restore until every service said ready for good (0: never stopped)."""
-    not_ready = [t for t, ready in samples if not ready]
+    ready = [(t, all(s == 200 for s in statuses.values())) for t, statuses in samples]
+    not_ready = [t for t, ok in ready if not ok]
     if not not_ready:
         return 0.0
     last = max(not_ready)
-    back = [t for t, ready in samples if ready and t > last]
+    back = [t for t, ok in ready if ok and t > last]
     return max(0.0, (back[0] if back else float("nan")) - restored)
 
 
-async def _sample(stack: Stack, samples: list[tuple[float, bool]]) -> None:
+def _unready_s(samples: Samples, service: str) -> float:
+    """How long `service` answered /readyz with anything but 200 (sum of sample intervals)."""
+    return sum(
+        later - t
+        for (t, statuses), (later, _) in itertools.pairwise(samples)
+        if statuses.get(service) != 200
+    )
+
+
+async def _sample(stack: Stack, samples: Samples) -> None:
     while True:
-        statuses = await stack.readiness()
-        samples.append((time.time(), all(s == 200 for s in statuses.values())))
+        samples.append((time.time(), await stack.readiness()))
         await asyncio.sleep(_SAMPLE_S)
 
 
@@ -95,7 +109,7 @@ async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundR
     result = RoundResult(fault.name, fault.what)
     stack = Stack(TEST_DATABASE_URL, TEST_AMQP_URL, out)
     config = storm.StormConfig(payments=args.payments, sends_per_s=args.rate, seed=args.seed)
-    samples: list[tuple[float, bool]] = []
+    samples: Samples = []
     sampler: asyncio.Task[None] | None = None
     try:
         await stack.start(out / f"{fault.name}.log")
@@ -137,6 +151,7 @@ async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundR
         result.examples = [f"{pid}: {why}" for pid, why in sorted(found.items())[:10]]
         result.dead_letters = sum((await stack.dead_letters()).values())
         result.ready_after_s = _ready_after(samples, restored)
+        result.ingest_unready_s = _unready_s(samples, "ingest")
     except Exception as e:  # the round failed; the next one starts afresh
         result.error = repr(e)
     finally:
@@ -154,15 +169,17 @@ def _seconds(value: float | None) -> str:
 def render(results: list[RoundResult]) -> str:
     header = (
         "| fault | payments right | lost | doubled | wrong state | one-story | dead letters"
-        " | 5xx other than 503 | 503 answers (for) | all ready after | all right after |"
+        " | 5xx other than 503 | 503 answers (over) | ingest not ready | all ready after"
+        " | all right after |"
     )
-    lines = [header, "|" + "---|" * 11]
+    lines = [header, "|" + "---|" * 12]
     for r in results:
         c = r.classes
         lines.append(
             f"| {r.what} | {r.right} / {r.payments} | {c.get('lost', 0)} | {c.get('doubled', 0)}"
             f" | {c.get('state', 0)} | {c.get('story', 0)} | {r.dead_letters} | {r.other_5xx}"
-            f" | {r.answered_503} ({r.unavailable_s:.1f} s) | {_seconds(r.ready_after_s)}"
+            f" | {r.answered_503} ({r.unavailable_s:.1f} s) | {r.ingest_unready_s:.1f} s"
+            f" | {_seconds(r.ready_after_s)}"
             f" | {_seconds(r.right_after_s)} |"
         )
     return "\n".join(lines)

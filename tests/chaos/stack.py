@@ -29,8 +29,6 @@ from tests import faults
 from tests.processes import free_port, payhooks_command
 from tests.proxy import TcpProxy
 
-DATABASE = "payhooks_chaos"
-PREFIX = "chaos."
 SECRET = "chaos-secret"
 API_KEY = "chaos-provider-key"
 ADMIN_TOKEN = "chaos-admin-token"
@@ -89,11 +87,23 @@ def _with_address(url: str, port: int) -> str:
 class Stack:
     """One round's system. `start()` brings it up; `close()` removes everything it made."""
 
-    def __init__(self, database_url: str, amqp_url: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        amqp_url: str,
+        workdir: Path,
+        *,
+        name: str = "chaos",
+        proxied: bool = True,
+    ) -> None:
+        # Its own database (payhooks_<name>) and queue prefix (<name>.), removed at the end.
+        self.database = f"payhooks_{name}"
+        self.prefix = f"{name}."
         self.admin_url = _with_database(database_url, "postgres")
-        self.database_url = _with_database(database_url, DATABASE)
+        self.database_url = _with_database(database_url, self.database)
         self.amqp_url = amqp_url
         self.workdir = workdir
+        self.proxied = proxied  # through TCP proxies (to cut the network), or direct
         self.pg_proxy = TcpProxy(
             urlsplit(database_url).hostname or "127.0.0.1", urlsplit(database_url).port or 5432
         )
@@ -104,7 +114,7 @@ class Stack:
         self.book = PaymentBook()
         self.ports = {name: free_port() for name in SERVICES}
         self.topology: Topology = build_topology(
-            PREFIX, Settings.from_env({"RETRY_DELAYS": RETRY_DELAYS}).retry_delays_s
+            self.prefix, Settings.from_env({"RETRY_DELAYS": RETRY_DELAYS}).retry_delays_s
         )
         self.process: asyncio.subprocess.Process | None = None
         self._controller: Controller | None = None
@@ -119,8 +129,9 @@ class Stack:
         await self._fresh_database()
         await self.delete_queues()
         await asyncio.to_thread(faults.ensure_dlx_supervisor)
-        await self.pg_proxy.start()
-        await self.amqp_proxy.start()
+        if self.proxied:
+            await self.pg_proxy.start()
+            await self.amqp_proxy.start()
         smtp_port = free_port()
         self._controller = Controller(self.smtp, hostname="127.0.0.1", port=smtp_port)
         self._controller.start()
@@ -129,9 +140,17 @@ class Stack:
         env = {
             "PATH": os.environ.get("PATH", ""),
             "HOME": os.environ.get("HOME", "/root"),
-            "DATABASE_URL": _with_address(self.database_url, self.pg_proxy.port),
-            "AMQP_URL": _with_address(self.amqp_url, self.amqp_proxy.port),
-            "AMQP_PREFIX": PREFIX,
+            "DATABASE_URL": (
+                _with_address(self.database_url, self.pg_proxy.port)
+                if self.proxied
+                else self.database_url
+            ),
+            "AMQP_URL": (
+                _with_address(self.amqp_url, self.amqp_proxy.port)
+                if self.proxied
+                else self.amqp_url
+            ),
+            "AMQP_PREFIX": self.prefix,
             "XHUB_WEBHOOK_SECRETS": SECRET,
             "XHUB_TIMESTAMP_TOLERANCE": "3600",
             "ADMIN_TOKEN": ADMIN_TOKEN,
@@ -172,8 +191,9 @@ class Stack:
             await self._api.cleanup()
         if self._controller is not None:
             self._controller.stop()
-        await self.pg_proxy.close()
-        await self.amqp_proxy.close()
+        if self.proxied:
+            await self.pg_proxy.close()
+            await self.amqp_proxy.close()
         with contextlib.suppress(Exception):
             await self.delete_queues()
             await asyncio.sleep(1)  # the dead-letter workers of deleted queues stop meanwhile
@@ -187,7 +207,7 @@ class Stack:
         await self._drop_database()
         admin = await asyncpg.connect(self.admin_url, timeout=10)
         try:
-            await admin.execute(f"CREATE DATABASE {DATABASE}")
+            await admin.execute(f"CREATE DATABASE {self.database}")
         finally:
             await admin.close()
         await migrate(self.database_url)
@@ -195,7 +215,7 @@ class Stack:
     async def _drop_database(self) -> None:
         admin = await asyncpg.connect(self.admin_url, timeout=10)
         try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+            await admin.execute(f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
         finally:
             await admin.close()
 
@@ -261,3 +281,10 @@ class Stack:
 
     def kill(self, service: str) -> None:
         os.kill(self.service_pid(service), signal.SIGKILL)
+
+    def service_pids(self) -> dict[str, int]:
+        found = {}
+        for service in SERVICES:
+            with contextlib.suppress(LookupError):
+                found[service] = self.service_pid(service)
+        return found

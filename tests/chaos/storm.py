@@ -21,6 +21,7 @@ class StormConfig:
     sends_per_s: float = 20.0
     time_scale: float = 10.0  # X-Hub's ladders 10x faster: 1 s -> 0.1 s, 5 min -> 30 s
     concurrency: int = 16
+    lost_rate: float = 0.03
     seed: int | None = None
 
 
@@ -31,7 +32,7 @@ async def prepare(stack: Stack, config: StormConfig) -> scenario.Plan:
             payments=config.payments,
             duplicate_rate=0.1,
             reorder_rate=0.2,
-            lost_rate=0.03,
+            lost_rate=config.lost_rate,
             concurrency=config.concurrency,
             seed=config.seed,
             prefix=f"chaos{int(time.time())}",
