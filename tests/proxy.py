@@ -14,6 +14,7 @@ import socket
 from enum import StrEnum
 from types import TracebackType
 from typing import Self
+from urllib.parse import urlsplit, urlunsplit
 
 _CHUNK_BYTES = 65_536
 
@@ -145,3 +146,17 @@ def _abort(writer: asyncio.StreamWriter) -> None:
     transport = writer.transport
     if not transport.is_closing():
         transport.abort()
+
+
+async def proxy_to(url: str, default_port: int) -> TcpProxy:
+    """A started proxy to the server of `url` (a database or AMQP URL)."""
+    parts = urlsplit(url)
+    return await TcpProxy(parts.hostname or "127.0.0.1", parts.port or default_port).start()
+
+
+def via(url: str, proxy: TcpProxy) -> str:
+    """`url` with its host and port replaced by the proxy's (credentials kept)."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@{proxy.address}" if credentials else proxy.address
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,7 +1,7 @@
 """The api's error middleware: every failure answers JSON (SPEC section 7), never text.
 
-HTTP errors keep their status (and Allow for a 405); a broker that is down or a DLQ another
-reader holds is 503 with Retry-After; anything unexpected is a logged 500.
+HTTP errors keep their status (and Allow for a 405); a broker or database that is down or a
+DLQ another reader holds is 503 with Retry-After; anything unexpected is a logged 500.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from aiohttp import web
 
 from services.api.handlers import json_error
 from shared import dlq_lock
+from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnavailableError
 
 log = structlog.get_logger(__name__)
@@ -41,6 +42,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return response
     except (UnavailableError, dlq_lock.DlqBusyError) as e:
         return unavailable(str(e))
+    except TRANSIENT_DB_ERRORS as e:
+        # Refused or reset connections, pool and statement timeouts, a server starting up or
+        # out of connections: the same request may well succeed in a moment.
+        log.warning("request.database_unavailable", path=request.path, error=repr(e))
+        return unavailable("PostgreSQL unavailable")
     except Exception:
         log.exception("request.failed", method=request.method, path=request.path)
         return json_error(500, "internal error (logged)")
