@@ -153,11 +153,23 @@ def dlq_name(topology: Topology, queue: str) -> str:
     return topology.work[queue].dlq
 
 
-async def depth(channel: AbstractChannel, queue: str) -> int:
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """What a passive declare tells about a queue: ready messages and consumers."""
+
+    messages: int
+    consumers: int
+
+
+async def counts(channel: AbstractChannel, queue: str) -> QueueCounts:
     async with _existing(queue):
         declared = await channel.declare_queue(queue, passive=True)
-    count = declared.declaration_result.message_count
-    return int(count or 0)
+    result = declared.declaration_result
+    return QueueCounts(int(result.message_count or 0), int(result.consumer_count or 0))
+
+
+async def depth(channel: AbstractChannel, queue: str) -> int:
+    return (await counts(channel, queue)).messages
 
 
 async def _read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:

@@ -181,6 +181,7 @@ class QueueMetrics:
     """Backlogs an operator watches, refreshed by the api's monitor loop."""
 
     queue_messages: Gauge
+    queue_consumers: Gauge
     oldest_age: Gauge
     outbox_backlog: Gauge
     inbox_unpublished: Gauge
@@ -191,6 +192,12 @@ class QueueMetrics:
             queue_messages=Gauge(
                 "payhooks_queue_messages",
                 "Messages in a RabbitMQ queue (work queues, unrouted and DLQs).",
+                ["queue"],
+                registry=registry,
+            ),
+            queue_consumers=Gauge(
+                "payhooks_queue_consumers",
+                "Consumers on a work queue (0 while it has messages: nobody processes them).",
                 ["queue"],
                 registry=registry,
             ),

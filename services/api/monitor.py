@@ -1,4 +1,5 @@
-"""The api's monitor loop: queue depths, DLQ ages and publish backlogs as gauges."""
+"""The api's monitor loop: queue depths, work queue consumers, DLQ ages and publish backlogs
+as gauges."""
 
 from __future__ import annotations
 
@@ -28,9 +29,13 @@ async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetr
         return name.removeprefix(topology.prefix)
 
     async with access.channel() as channel:
+        work = {w.name for w in topology.work.values()}
         names = [n for w in topology.work.values() for n in (w.name, w.dlq)]
         for name in [*names, topology.unrouted]:
-            metrics.queue_messages.labels(queue=label(name)).set(await dlq.depth(channel, name))
+            counts = await dlq.counts(channel, name)
+            metrics.queue_messages.labels(queue=label(name)).set(counts.messages)
+            if name in work:  # DLQs and unrouted have no consumer by design
+                metrics.queue_consumers.labels(queue=label(name)).set(counts.consumers)
     async with access.channel() as channel:
         # Reading a DLQ's messages is needed for their age; only done for non-empty ones.
         for stat in await dlq.stats(channel, topology):

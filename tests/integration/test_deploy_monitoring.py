@@ -67,6 +67,7 @@ CONTRACT: dict[str, dict[str, Metric]] = {
     },
     "api": {
         "payhooks_queue_messages": Metric("gauge", ("queue",)),
+        "payhooks_queue_consumers": Metric("gauge", ("queue",)),
         "payhooks_queue_oldest_message_age_seconds": Metric("gauge", ("queue",)),
         "payhooks_outbox_backlog": Metric("gauge"),
         "payhooks_inbox_unpublished": Metric("gauge"),
@@ -112,6 +113,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("payhooks_messages_processed_total", "worker"): frozenset(("orders", "bonuses", "email")),
     ("payhooks_processing_duration_seconds", "worker"): frozenset(("orders", "bonuses", "email")),
     ("payhooks_queue_messages", "queue"): _QUEUES,
+    ("payhooks_queue_consumers", "queue"): frozenset(("orders", "bonuses", "emails")),
     ("payhooks_queue_oldest_message_age_seconds", "queue"): _QUEUES,
     ("payhooks_bonus_entries_total", "kind"): frozenset(("grant", "clawback", "restore")),
     ("payhooks_emails_sent_total", "template"): frozenset(

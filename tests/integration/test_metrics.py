@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -314,6 +314,43 @@ async def test_api_gauges_show_queue_depths_dlq_age_and_backlogs(
     # monitor may hold them for a moment while it reads them).
     dlqs = {work["orders"].dlq: 2, work["emails"].dlq: 1}
     await eventually(lambda: depths(channel, dlqs), lambda d: d == dlqs)
+
+
+async def test_api_gauge_counts_the_consumers_of_each_work_queue(
+    api: TestClient, channel: AbstractChannel, topology: Topology
+) -> None:
+    def consumers(samples: Samples) -> dict[str, float]:
+        return {
+            q: value(samples, "payhooks_queue_consumers", queue=q)
+            for q in ("orders", "bonuses", "emails")
+        }
+
+    # Nothing consumes yet; the monitor's own passive declares are no consumers. The gauge is
+    # set (to 0), not absent, so an alert can tell "no consumer" from "not measured".
+    samples = await eventually(
+        lambda: _samples(api),
+        lambda s: ("payhooks_queue_consumers", frozenset({("queue", "bonuses")})) in s,
+    )
+    assert consumers(samples) == {"orders": 0, "bonuses": 0, "emails": 0}
+
+    async def ack(message: AbstractIncomingMessage) -> None:
+        await message.ack()
+
+    bonuses = await channel.declare_queue(topology.work["bonuses"].name, passive=True)
+    tags = [await bonuses.consume(ack) for _ in range(2)]
+    await eventually(
+        lambda: _samples(api), lambda s: consumers(s) == {"orders": 0, "bonuses": 2, "emails": 0}
+    )
+    for tag in tags:
+        await bonuses.cancel(tag)
+    await eventually(lambda: _samples(api), lambda s: consumers(s)["bonuses"] == 0)
+    # DLQs and unrouted are read, never consumed: no consumer gauge for them.
+    assert not [
+        key
+        for key in samples
+        if key[0] == "payhooks_queue_consumers"
+        and dict(key[1])["queue"] not in ("orders", "bonuses", "emails")
+    ]
 
 
 async def _samples(client: TestClient) -> Samples:
