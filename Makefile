@@ -5,7 +5,7 @@ PY := $(BIN)/python
 # The interpreter the venv is made from: Python 3.11, what pyproject.toml and the image pin.
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
-.PHONY: help install run migrate test lint bench bench-workers demo chaos clean
+.PHONY: help install run migrate test lint bench bench-workers demo chaos soak clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
@@ -16,6 +16,7 @@ help:
 	@echo "make demo     - the whole system plus the X-Hub simulator (300 payments), checked"
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail"
+	@echo "make soak     - MINUTES (30) at half the measured capacity, watched for growth"
 
 $(BIN)/payhooks: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
@@ -56,6 +57,10 @@ bench-workers: install
 # machine's RabbitMQ and PostgreSQL, so never beside other tests. About 20 minutes.
 chaos: install
 	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),)
+
+MINUTES ?= 30
+soak: install
+	$(PY) -m tests.chaos.soak --minutes $(MINUTES)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

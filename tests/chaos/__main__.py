@@ -25,6 +25,7 @@ from pathlib import Path
 
 from services.sim.deliverer import DeliveryRecord
 from services.sim.summary import expect
+from shared.logs import configure_logging
 from tests.chaos import storm, verdict
 from tests.chaos.rounds import BY_NAME, FAULTS, Fault
 from tests.chaos.stack import Stack
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", type=Path, default=Path("chaos-out"))
     args = parser.parse_args(argv)
+    configure_logging("WARNING")  # the harness's own migrate and clients: problems only
     names = [f.name for f in FAULTS] if args.rounds == "all" else args.rounds.split(",")
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
