@@ -11,6 +11,9 @@ transaction committed; only then is the message acked. A failure is routed by ki
 
 A message that kills the process every time is stopped by the queue's delivery limit and
 dead-lettered by RabbitMQ itself (reason `delivery_limit` in its x-death header).
+
+The consumer lives on a robust channel: when the broker comes back, aio-pika restores it
+(`declare_queue` registers the queue for that); /readyz fails while there is none.
 """
 
 from __future__ import annotations
