@@ -1,4 +1,4 @@
-"""Running a service: one aiohttp app on uvloop, graceful on SIGTERM."""
+"""Running a service: one aiohttp app on uvloop, graceful on SIGTERM, with its HTTP limits."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import ssl
 
 import uvloop
 from aiohttp import web
+
+from shared.http_limits import HTTP_LIMITS
 
 # In-flight requests get this long to finish after SIGTERM before connections are closed.
 SHUTDOWN_TIMEOUT_S = 15.0
@@ -21,4 +23,5 @@ def run(app: web.Application, port: int, *, ssl_context: ssl.SSLContext | None =
         access_log=None,
         print=None,
         backlog=1024,
+        **app[HTTP_LIMITS].server_options(),
     )

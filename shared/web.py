@@ -1,4 +1,4 @@
-"""The aiohttp base every service builds on: /healthz, /readyz and /metrics."""
+"""The aiohttp base every service builds on: /healthz, /readyz, /metrics and HTTP limits."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from shared import http_limits
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 
@@ -43,14 +45,16 @@ async def metrics(request: web.Request) -> web.Response:
 def base_app(
     registry: CollectorRegistry, *, client_max_size: int = 1024**2, raw_bodies: bool = False
 ) -> web.Application:
-    """An app with /healthz, /readyz and /metrics. `raw_bodies`: request bodies are read as
-    sent, never decompressed by `Content-Encoding` (what a signature covers)."""
+    """An app with /healthz, /readyz, /metrics and shared/http_limits.py's limits. `raw_bodies`:
+    request bodies are read as sent, never decompressed by `Content-Encoding` (what a
+    signature covers)."""
     app = web.Application(
         client_max_size=client_max_size,
         handler_args={"auto_decompress": False} if raw_bodies else None,
     )
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []
+    http_limits.install(app, registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

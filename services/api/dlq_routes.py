@@ -10,6 +10,7 @@ from aiohttp import web
 
 from services.api.handlers import DLQ_ACCESS, json_error, json_response
 from shared import dlq
+from shared.http_limits import read_body
 
 _MAX_PAGE = 1000
 
@@ -91,7 +92,7 @@ async def requeue_dlq(request: web.Request) -> web.Response:
     if queue is None:
         return json_error(404, f"no such DLQ; one of {', '.join(dlq.QUEUES)}")
     try:
-        data = orjson.loads(await request.read())
+        data = orjson.loads(await read_body(request))
         if not isinstance(data, dict):
             raise _BadRequest("body must be a JSON object")
         ids = data.get("ids", [])

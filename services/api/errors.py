@@ -1,7 +1,8 @@
 """The api's error middleware: every failure answers JSON (SPEC section 7), never text.
 
 HTTP errors keep their status (and Allow for a 405); a broker or database that is down or a
-DLQ another reader holds is 503 with Retry-After; anything unexpected is a logged 500.
+DLQ another reader holds is 503 with Retry-After; a body that does not arrive in time is 408
+(and the connection closed); anything unexpected is a logged 500.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from services.api.handlers import json_error
 from shared import dlq_lock
 from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnavailableError
+from shared.http_limits import SlowBodyError
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +44,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return response
     except (UnavailableError, dlq_lock.DlqBusyError) as e:
         return unavailable(str(e))
+    except SlowBodyError as e:
+        response = json_error(408, str(e))
+        response.force_close()
+        return response
     except TRANSIENT_DB_ERRORS as e:
         # Refused or reset connections, pool and statement timeouts, a server starting up or
         # out of connections: the same request may well succeed in a moment.

@@ -11,6 +11,7 @@ from services.api.dlq_access import DlqAccess
 from shared import dlq, dlq_lock, support
 from shared.db import DB_POOL
 from shared.errors import UnavailableError
+from shared.http_limits import read_body
 from shared.orders import OrderValidationError, order_json, parse_new_order
 from shared.queries import orders as orders_sql
 
@@ -27,7 +28,7 @@ def json_error(status: int, message: str, **extra: Any) -> web.Response:
 
 async def register_order(request: web.Request) -> web.Response:
     try:
-        data = orjson.loads(await request.read())
+        data = orjson.loads(await read_body(request))
     except orjson.JSONDecodeError:
         return json_error(400, "body is not valid JSON")
     if not isinstance(data, dict):

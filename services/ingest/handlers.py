@@ -21,6 +21,7 @@ from services.ingest.webhook import (
 )
 from shared.config import Settings
 from shared.errors import UnavailableError
+from shared.http_limits import SlowBodyError, read_body
 from shared.metrics import IngestMetrics
 from shared.topology import is_routed
 
@@ -42,6 +43,8 @@ class _Answer:
     payload: dict[str, str]
     event_type: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    reason: str | None = None  # why unavailable, for the log line
+    close: bool = False  # close the connection after answering
 
 
 async def receive_webhook(request: web.Request) -> web.Response:
@@ -60,15 +63,19 @@ async def receive_webhook(request: web.Request) -> web.Response:
         outcome=answer.outcome,
         status=answer.status,
         duration_s=round(duration_s, 6),
+        **({"reason": answer.reason} if answer.reason else {}),
     )
-    return web.json_response(answer.payload, status=answer.status, headers=answer.headers)
+    response = web.json_response(answer.payload, status=answer.status, headers=answer.headers)
+    if answer.close:
+        response.force_close()
+    return response
 
 
 async def _answer(request: web.Request) -> _Answer:
     settings = request.app[SETTINGS]
     try:
         delivery = read_delivery(request.headers)
-        body = await request.read()
+        body = await read_body(request)
         authenticate(
             delivery,
             body,
@@ -77,6 +84,11 @@ async def _answer(request: web.Request) -> _Answer:
             settings.timestamp_tolerance_s,
         )
         webhook = parse_body(delivery, body)
+    except SlowBodyError as e:
+        # A 4xx would tell the provider never to send a non-money event again: 503 it is.
+        answer = _unavailable(str(e))
+        answer.close = True
+        return answer
     except web.HTTPRequestEntityTooLarge:
         return _error(413, "too_large", f"body over {settings.max_body_bytes} bytes")
     except web.RequestPayloadError as e:  # a broken chunked encoding, say
@@ -95,9 +107,8 @@ async def _answer(request: web.Request) -> _Answer:
         answer = _error(400, "malformed", str(e))
         answer.event_type = webhook.event_type
         return answer
-    except (UnavailableError, TimeoutError):
-        answer = _error(503, "unavailable", "temporarily unavailable, retry later")
-        answer.headers["Retry-After"] = RETRY_AFTER_S
+    except (UnavailableError, TimeoutError) as e:
+        answer = _unavailable(str(e) or "no answer within the budget")
         answer.event_type = webhook.event_type
         return answer
     return _Answer(200, outcome.value, {"status": outcome.value}, webhook.event_type)
@@ -105,3 +116,10 @@ async def _answer(request: web.Request) -> _Answer:
 
 def _error(status: int, outcome: str, message: str) -> _Answer:
     return _Answer(status, outcome, {"status": "rejected", "error": message})
+
+
+def _unavailable(reason: str) -> _Answer:
+    answer = _error(503, "unavailable", "temporarily unavailable, retry later")
+    answer.headers["Retry-After"] = RETRY_AFTER_S
+    answer.reason = reason
+    return answer
