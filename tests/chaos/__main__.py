@@ -33,6 +33,7 @@ from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL
 
 BONUS_POINTS = 500
 _SAMPLE_S = 0.25
+_MONITOR_WAIT_S = 40.0  # the api's monitor refreshes every 15 s
 _LATE_DOUBLES_S = 3.0  # after every payment is right, how long to watch for a late second email
 # One-story breaks (SPEC 5: a success email without a grant, ...) are issue 11's ledger rule,
 # not a fault's doing (they happen without faults too): reported, and failing a round once
@@ -53,6 +54,7 @@ class RoundResult:
     unavailable_s: float = 0.0
     ready_after_s: float | None = None
     ingest_unready_s: float = 0.0
+    monitor_ok: bool = False  # the api's gauges show a consumer on every work queue again
     right_after_s: float | None = None
     failed_deliveries: int = 0
     examples: list[str] = field(default_factory=list)
@@ -67,6 +69,7 @@ class RoundResult:
             and wrong == 0
             and self.dead_letters == 0
             and self.other_5xx == 0
+            and self.monitor_ok
         )
 
 
@@ -104,6 +107,19 @@ def _unready_s(samples: Samples, service: str) -> float:
         for (t, statuses), (later, _) in itertools.pairwise(samples)
         if statuses.get(service) != 200
     )
+
+
+async def _monitor_sees_consumers(stack: Stack) -> bool:
+    """The api's monitor (its own channels, restored after the fault) reports a consumer on
+    every work queue."""
+    deadline = time.monotonic() + _MONITOR_WAIT_S
+    while True:
+        consumers = await stack.monitored_consumers()
+        if len(consumers) == 3 and all(n >= 1 for n in consumers.values()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(1.0)
 
 
 async def _sample(stack: Stack, samples: Samples) -> None:
@@ -157,6 +173,7 @@ async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundR
         result.classes = verdict.counts(found)
         result.examples = [f"{pid}: {why}" for pid, why in sorted(found.items())[:10]]
         result.dead_letters = sum((await stack.dead_letters()).values())
+        result.monitor_ok = await _monitor_sees_consumers(stack)
         result.ready_after_s = _ready_after(samples, restored)
         result.ingest_unready_s = _unready_s(samples, "ingest")
     except Exception as e:  # the round failed; the next one starts afresh

@@ -20,6 +20,7 @@ import aio_pika
 import aiohttp
 import asyncpg
 from aiosmtpd.controller import Controller
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.sim.api import PaymentBook, start_api
 from shared.config import Settings
@@ -278,6 +279,19 @@ class Stack:
             if parent == self.process.pid and argv[-2:] == [b"run", service.encode()]:
                 return int(entry.name)
         raise LookupError(f"no running {service} process")
+
+    async def monitored_consumers(self) -> dict[str, float]:
+        """`payhooks_queue_consumers` per work queue as the api's monitor last saw it."""
+        assert self._session is not None
+        url = f"http://127.0.0.1:{self.ports['api']}/metrics"
+        async with self._session.get(url) as response:
+            text = await response.text()
+        return {
+            s.labels["queue"]: s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "payhooks_queue_consumers"
+            for s in family.samples
+        }
 
     def kill(self, service: str) -> None:
         os.kill(self.service_pid(service), signal.SIGKILL)
