@@ -12,6 +12,9 @@ PrometheusRule holds exactly the rules of deploy/prometheus/alerts.yml.
 from __future__ import annotations
 
 import ast
+import base64
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -36,6 +39,7 @@ README = ROOT / "README.md"
 K8S = ROOT / "deploy" / "k8s"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 CONFIG_SOURCE = ROOT / "shared" / "config.py"
+RABBITMQ_LIMITS_DOC = ROOT / "docs" / "rabbitmq-limits.md"
 
 KUBERNETES_VERSION = "1.33.0"  # a recent release; its schemas ship with kubernetes-validate
 IMAGE = "payhooks:0.1.0"
@@ -49,6 +53,21 @@ RABBITMQ_SPEC_FIELDS = {
     "replicas", "image", "resources", "persistence", "rabbitmq", "affinity", "service",
     "tolerations", "override", "tls", "terminationGracePeriodSeconds",
 }  # fmt: skip
+
+
+# docs/rabbitmq-limits.md, measured on RabbitMQ 3.10: at an open-files limit of 1,024 the
+# node's file handle budget is 927; a quorum queue reserves 2 + (its cluster size) handles on
+# its leader's node, 2 on a follower's, and every connection takes one more. Past the budget
+# no new AMQP connection completes its handshake.
+RABBITMQ_MIN_NOFILE = 65536
+HANDLE_BUDGET_AT_1024_FILES = 927
+CONNECTIONS_HEADROOM = 150  # sockets of every payhooks pod at its HPA maximum, and some
+
+
+def within_the_default_handle_budget(max_queues: int, cluster_size: int) -> bool:
+    """Even where the open-files limit was left at 1,024, `max_queues` quorum queues all led
+    from one node (the others down or just restarted) leave room for the connections."""
+    return max_queues * (2 + cluster_size) + CONNECTIONS_HEADROOM <= HANDLE_BUDGET_AT_1024_FILES
 
 
 @cache
@@ -209,6 +228,58 @@ def test_compose_depends_on_and_healthchecks() -> None:
         assert match, f"{name}: healthcheck does not call /readyz"
         port = getattr(settings_from(compose_env(service)), PORT_FIELD[name])
         assert int(match.group(1)) == port, name
+
+
+def compose_rabbitmq_max_queues() -> int:
+    """The vhost / queue cap of compose's RabbitMQ (its definitions file)."""
+    rabbit = compose()["services"]["rabbitmq"]
+    mounts = {}
+    for volume in rabbit["volumes"]:
+        source, target, *mode = volume.split(":")
+        assert mode == ["ro"], volume
+        mounts[target] = ROOT / source
+    conf_d = [t for t in mounts if re.fullmatch(r"/etc/rabbitmq/conf\.d/\d\d-[\w-]+\.conf", t)]
+    assert len(conf_d) == 1, "mount one file into the image's conf.d"
+    conf = mounts[conf_d[0]].read_text()
+    (target,) = re.findall(r"^load_definitions\s*=\s*(\S+)\s*$", conf, re.MULTILINE)
+    definitions = json.loads(mounts[target].read_text())
+    (limits,) = [
+        p["value"]
+        for p in definitions["parameters"]
+        if p["component"] == "vhost-limits" and p["vhost"] == "/"
+    ]
+    # Definitions replace the default user: the file must carry the one AMQP_URL uses.
+    parts = re.match(r"amqp://([^:]+):([^@]+)@rabbitmq:5672/$", compose_env_amqp_url())
+    assert parts, compose_env_amqp_url()
+    (user,) = [u for u in definitions["users"] if u["name"] == parts.group(1)]
+    assert user["hashing_algorithm"] == "rabbit_password_hashing_sha256"
+    salted = base64.b64decode(user["password_hash"])
+    salt, digest = salted[:4], salted[4:]
+    assert hashlib.sha256(salt + parts.group(2).encode()).digest() == digest, "wrong password"
+    assert {"user": user["name"], "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"} in (
+        definitions["permissions"]
+    )
+    assert {"name": "/"} in definitions["vhosts"]
+    max_queues = limits["max-queues"]
+    assert isinstance(max_queues, int)
+    return max_queues
+
+
+def compose_env_amqp_url() -> str:
+    return compose_env(compose()["services"]["ingest"])["AMQP_URL"]
+
+
+def test_compose_rabbitmq_has_enough_open_files_and_a_queue_cap() -> None:
+    rabbit = compose()["services"]["rabbitmq"]
+    nofile = rabbit["ulimits"]["nofile"]
+    assert nofile["soft"] >= RABBITMQ_MIN_NOFILE
+    assert nofile["hard"] >= nofile["soft"]
+    max_queues = compose_rabbitmq_max_queues()
+    # payhooks needs 22 queues with the default RETRY_DELAYS; the rest is room for a changed
+    # ladder (new retry queues) and the DLQ readers' lock queues.
+    assert max_queues >= 50
+    assert within_the_default_handle_budget(max_queues, cluster_size=1)
+    assert "docs/rabbitmq-limits.md" in COMPOSE.read_text()
 
 
 def dockerfile_stages() -> dict[str, list[str]]:
@@ -411,6 +482,30 @@ def test_custom_resources_have_the_expected_structure() -> None:
             port_names = {p["name"] for p in services[name]["spec"]["ports"]}
             assert {e["port"] for e in spec["endpoints"]} <= port_names, name
             assert services[name]["metadata"]["labels"][expression["key"]] == name
+
+
+def test_rabbitmq_cluster_raises_open_files_and_caps_queues() -> None:
+    (rabbit,) = of_kind("RabbitmqCluster").values()
+    pod = rabbit["spec"]["override"]["statefulSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "rabbitmq"  # the operator's container, merged by name
+    shell, flag, script = container["command"]
+    assert (shell, flag) == ("sh", "-c")
+    subprocess.run(["sh", "-n", "-c", script], check=True, timeout=10)
+    lines = script.strip().splitlines()
+    # Raised first, and the start refused where it can't be; then the image's own start.
+    nofile = re.fullmatch(r"ulimit -n (\d+) \|\| exit 1", lines[0])
+    assert nofile, lines[0]
+    assert int(nofile.group(1)) >= RABBITMQ_MIN_NOFILE
+    assert lines[-1] == "exec docker-entrypoint.sh rabbitmq-server"
+    assert "args" not in container
+    limit = re.search(r"set_vhost_limits -p / '(\{[^']*\})'", script)
+    assert limit, "the vhost's queue cap"
+    max_queues = json.loads(limit.group(1))["max-queues"]
+    assert max_queues == compose_rabbitmq_max_queues(), "compose and k8s cap queues alike"
+    assert within_the_default_handle_budget(max_queues, rabbit["spec"]["replicas"])
+    assert "docs/rabbitmq-limits.md" in (K8S / "rabbitmq.yaml").read_text()
+    assert RABBITMQ_LIMITS_DOC.is_file()
 
 
 def test_prometheus_rule_equals_the_alert_rules() -> None:
