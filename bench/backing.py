@@ -1,16 +1,33 @@
 """PostgreSQL and RabbitMQ as the benchmarks see them: a clean start (tables emptied, a
-prefixed topology deleted), queue depths and consumers, the database's commit count."""
+prefixed topology deleted), a RabbitMQ vhost of the run's own, queue depths and consumers, the
+database's commit count."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 
 import aio_pika
 import asyncpg
 
 from shared.config import Settings
 from shared.topology import Topology, build_topology, delete
+from tests import run_vhost
+
+# A bench declares one topology at a time (22 queues with the default RETRY_DELAYS, a few more
+# with a longer ladder) and deletes it; RabbitMQ refuses declares beyond this.
+BENCH_MAX_QUEUES = 100
+
+
+@contextlib.contextmanager
+def own_vhost(amqp_url: str) -> Iterator[str]:
+    """The AMQP URL for this bench run: a vhost of its own on a broker on this machine,
+    deleted with everything in it at the end (a killed run's by the next run); `amqp_url`
+    itself for a broker elsewhere or one rabbitmqctl cannot reach."""
+    with run_vhost.own_vhost(amqp_url, "bench", BENCH_MAX_QUEUES) as url:
+        yield url
 
 
 def topology_of(env: dict[str, str]) -> Topology:

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 
-from bench.backing import reset, topology_of
+from bench.backing import own_vhost, reset, topology_of
 from bench.load import Clients, Plan, Summary, make_plan, summarize
 from bench.observe import (
     CLK_TCK,
@@ -437,7 +437,10 @@ def main(argv: list[str] | None = None) -> int:
         print_table([result])
         return 0 if result.correct else 1
     migrate(args.database_url)
-    results = [run_owned(name, args) for name in ("batched", "naive") if args.only in (None, name)]
+    with own_vhost(args.amqp_url) as amqp_url:
+        args.amqp_url = amqp_url
+        names = [name for name in ("batched", "naive") if args.only in (None, name)]
+        results = [run_owned(name, args) for name in names]
     print()
     print_table(results)
     if len(results) == 2:

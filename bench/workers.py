@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 from bench.backing import (
     commit_count,
     delete_topology,
+    own_vhost,
     queue_counts,
     reset,
     topology_of,
@@ -439,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     wait_for_other_benchmarks(args.other_wait)
     migrate(args.database_url)
-    result = run(args)
+    with own_vhost(args.amqp_url) as amqp_url:
+        args.amqp_url = amqp_url
+        result = run(args)
     return 0 if report(result, args) else 1
 
 

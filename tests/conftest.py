@@ -1,4 +1,5 @@
-"""Fixtures: settings with loopback defaults, a migrated test database, isolated queues."""
+"""Fixtures: settings with loopback defaults, a migrated test database, isolated queues (in a
+RabbitMQ vhost of the run's own where the broker is on this machine)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,45 @@ from shared.config import Settings
 from shared.db import init_connection
 from shared.migrate import migrate
 from shared.topology import Topology, build_topology, declare, delete
+from tests import run_vhost
 
 TEST_DATABASE_URL = os.environ.get(
     "TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/payhooks_test"
 )
+# Under pytest, pytest_configure below points this at the run's own vhost (test modules import
+# it after that); `python -m tests.chaos` and other importers get the configured URL.
 TEST_AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 TEST_SECRETS = ("test-secret-new", "test-secret-old")
 # A broker or database that does not answer fails the test setup in this long, not at the
 # 60 s pytest-timeout with a stack dump.
 CONNECT_TIMEOUT_S = 30.0
+
+
+# The most queues a run may hold at once. A test declares its topology with the tests' and
+# the default retry delays (13 + 22 queues) and deletes them at teardown; a few run at once
+# (a service still stopping, DLQ lock queues). Far below what wedged RabbitMQ 3.10 at its
+# default 1,024 open files (309 quorum queues, docs/rabbitmq-limits.md), so a run gone wrong
+# fails with PRECONDITION_FAILED instead.
+RUN_MAX_QUEUES = 150
+_RUN_VHOST: run_vhost.RunVhost | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One RabbitMQ vhost per run (vhosts of killed runs deleted first), where rabbitmqctl
+    reaches the broker of TEST_AMQP_URL; otherwise TEST_AMQP_URL as configured."""
+    global TEST_AMQP_URL, _RUN_VHOST
+    if _RUN_VHOST is None and _reachable(TEST_AMQP_URL, 5672):
+        _RUN_VHOST = run_vhost.create(TEST_AMQP_URL, "test", RUN_MAX_QUEUES)
+        if _RUN_VHOST is not None:
+            TEST_AMQP_URL = _RUN_VHOST.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Deleting the vhost deletes every queue and exchange of the run at once."""
+    global _RUN_VHOST
+    if _RUN_VHOST is not None:
+        run_vhost.delete(_RUN_VHOST)
+        _RUN_VHOST = None
 
 
 def _reachable(url: str, default_port: int) -> bool:
@@ -166,12 +197,13 @@ async def _delete_everything(channel: aio_pika.abc.AbstractChannel, prefix: str)
 
 @pytest.fixture(scope="session", autouse=True)
 def _sweep_queues() -> Iterator[None]:
-    """At the end of the run, delete every queue of every prefix again: a service that was
-    still shutting down when its test's teardown deleted them may have declared some anew
-    (left behind, hundreds of them once wedged this machine's RabbitMQ)."""
+    """Without a vhost of the run's own (a broker on another machine), delete every queue of
+    every prefix again at the end: a service that was still shutting down when its test's
+    teardown deleted them may have declared some anew (left behind, hundreds of them once
+    wedged this machine's RabbitMQ)."""
     yield
-    if not _PREFIXES:
-        return
+    if not _PREFIXES or _RUN_VHOST is not None:
+        return  # the run's vhost goes at the end, with whatever is left in it
 
     async def sweep() -> None:
         connection = await aio_pika.connect(TEST_AMQP_URL, timeout=CONNECT_TIMEOUT_S)
