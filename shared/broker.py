@@ -2,7 +2,8 @@
 
 The first connection is made in the background, so a service starts (and answers 503 or
 reports not-ready) while the broker is down; after that aio-pika's robust connection
-reconnects and re-declares by itself.
+reconnects and re-declares by itself. A connection RabbitMQ blocks (a resource alarm) fails
+publishes at once instead of leaving them to time out.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ log = structlog.get_logger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 _RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+# How often a wait for confirms looks whether RabbitMQ has blocked the connection meanwhile.
+_BLOCKED_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,13 @@ class PublishTimeoutError(UnavailableError):
     """No confirm within the deadline: the message may or may not reach the queue."""
 
 
+class BlockedError(UnavailableError):
+    """RabbitMQ blocks publishers (a memory or disk alarm): nothing was published."""
+
+    def __init__(self) -> None:
+        super().__init__("RabbitMQ is blocking publishers (memory or disk alarm)")
+
+
 def publish_error(future: asyncio.Future[None]) -> BaseException | None:
     """None if confirmed; the error if it failed; PublishTimeoutError if still pending."""
     if not future.done():
@@ -98,6 +108,25 @@ def retrieve_exception(future: asyncio.Future[Any]) -> None:
     # Whoever gave up waiting must not leave "exception was never retrieved" behind.
     if not future.cancelled():
         future.exception()
+
+
+def _blocked(connection: AbstractRobustConnection | None) -> bool:
+    """Whether RabbitMQ has blocked `connection` (AMQP connection.blocked: a memory or disk
+    alarm), seen without waiting. aiormq keeps that state private, but its public ready()
+    waits exactly while the connection is blocked: one step of that coroutine finishes at once
+    unless it would wait."""
+    if connection is None or connection.is_closed or connection.transport is None:
+        return False
+    underlying = connection.transport.connection
+    if underlying.is_closed:  # a lost connection waits in ready() too, but is not blocked
+        return False
+    ready = underlying.ready()
+    try:
+        ready.send(None)
+    except StopIteration:
+        return False
+    ready.close()  # leaves no waiter behind (asyncio.Event.wait cleans up in `finally`)
+    return True
 
 
 class Broker:
@@ -148,11 +177,24 @@ class Broker:
 
     async def ping(self) -> bool:
         """A real round trip (passive declare of the events exchange): a stalled broker or
-        network shows up here, not just a closed socket."""
+        network shows up here, not just a closed socket. Skipped while RabbitMQ blocks the
+        connection: it reads nothing then, and a round trip given up on closes the channel."""
         if not self.is_ready:
             return False
+        if self.blocked:
+            return True  # connected; `blocked` is reported on its own
         await self.channel.get_exchange(self.topology.exchange, ensure=True)
         return True
+
+    @property
+    def blocked(self) -> bool:
+        """True while RabbitMQ blocks this connection's publishes (a memory or disk alarm).
+
+        RabbitMQ blocks a connection when it next publishes after the alarm went off, and
+        says so (connection.blocked) within milliseconds; from then on until the alarm
+        clears, nothing published is confirmed.
+        """
+        return _blocked(self._connection)
 
     @property
     def is_ready(self) -> bool:
@@ -172,6 +214,8 @@ class Broker:
         """
         if self._exchange is None or not self.is_ready:
             return [_failed(UnavailableError("RabbitMQ is not connected")) for _ in messages]
+        if self.blocked:
+            return [_failed(BlockedError()) for _ in messages]
         exchange = self._exchange
         futures = [
             asyncio.ensure_future(exchange.publish(to_message(m), m.routing_key, mandatory=True))
@@ -187,9 +231,22 @@ class Broker:
         """Publish and wait up to `timeout_s`; None per confirmed message, else its error
         (PublishTimeoutError when the outcome is unknown)."""
         futures = self.start_publishes(messages)
-        if futures:
-            await asyncio.wait(futures, timeout=timeout_s)
+        await self.wait_confirms(futures, timeout_s)
         return [publish_error(f) for f in futures]
+
+    async def wait_confirms(
+        self, futures: Sequence[asyncio.Future[None]], timeout_s: float
+    ) -> None:
+        """Wait until every publish is settled, `timeout_s` has passed, or RabbitMQ blocks the
+        connection (no confirm comes until the alarm clears: the outcome is unknown now)."""
+        if not futures:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (remaining := deadline - loop.time()) > 0:
+            _, pending = await asyncio.wait(futures, timeout=min(remaining, _BLOCKED_POLL_S))
+            if not pending or self.blocked:
+                return
 
     async def _connect_forever(self) -> None:
         attempt = 0
@@ -232,7 +289,10 @@ def broker_ctx(url: str, topology: Topology) -> Callable[[web.Application], Asyn
         async def rabbitmq() -> bool:
             return await broker.ping()
 
-        app[READINESS_CHECKS].append(rabbitmq)
+        async def rabbitmq_not_blocked() -> bool:
+            return not broker.blocked
+
+        app[READINESS_CHECKS].extend([rabbitmq, rabbitmq_not_blocked])
         try:
             yield
         finally:

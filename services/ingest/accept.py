@@ -4,8 +4,9 @@ Concurrent requests hand their webhook to one Acceptor. A batch shares one INSER
 (one commit) and one burst of publishes whose confirms are awaited together, so at load the
 cost of a round-trip to PostgreSQL and to RabbitMQ is paid once per batch, not per request.
 Batches form by themselves: while `max_in_flight` batches are busy, newcomers queue up and
-leave together in the next one. A request is answered `accepted` only when its row is
-committed and its message confirmed.
+leave together in the next one, up to `max_pending` of them: beyond that (overload), or while
+RabbitMQ blocks publishers, a request is refused at once (503). A request is answered
+`accepted` only when its row is committed and its message confirmed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from services.ingest.publishing import (
     wait_published,
 )
 from services.ingest.webhook import Webhook
-from shared.broker import Broker
+from shared.broker import BlockedError, Broker
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
 from shared.queries import inbox as inbox_sql
@@ -44,6 +45,10 @@ class UnstorableWebhookError(PermanentError):
     """PostgreSQL refuses the event's data itself (answered 400: retrying can't help)."""
 
 
+class OverloadedError(UnavailableError):
+    """More webhooks wait for a batch than the acceptor admits: refused before any work."""
+
+
 class Outcome(StrEnum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
@@ -53,6 +58,10 @@ class Outcome(StrEnum):
 class AcceptorConfig:
     max_batch: int = 256
     max_in_flight: int = 2
+    # Webhooks waiting for a batch. Beyond it the wait would only grow (more arrive than the
+    # batches take) until the handler's budget runs out: refuse at once instead. Two batches'
+    # worth keeps the batches full; the last one in waits about three batch times.
+    max_pending: int = 512
     db_timeout_s: float = 4.0
     publish_timeout_s: float = 4.0
     # How long a claim on an unconfirmed row lasts before a retry or the sweeper may take it
@@ -118,7 +127,12 @@ class Acceptor:
         self._abandoned = AbandonedClaims(self._config.claim_lease_s)
 
     async def accept(self, webhook: Webhook, headers: dict[str, str]) -> Outcome:
-        """Store and publish; raise UnavailableError when either could not be done."""
+        """Store and publish; raise UnavailableError when either could not be done, or at
+        once (OverloadedError, BlockedError) when it cannot be done now."""
+        if len(self._pending) >= self._config.max_pending:
+            raise OverloadedError(f"{len(self._pending)} webhooks already wait for a batch")
+        if self._broker.blocked:
+            raise BlockedError()
         item = _Item(webhook, headers)
         self._pending.append(item)
         self._wakeup.set()

@@ -113,8 +113,7 @@ class ClaimedPublisher:
                 future.add_done_callback(functools.partial(_chain, placeholder))
             self.in_flight[row.event_id] = future
             future.add_done_callback(functools.partial(self._settle, claim, row))
-        if futures:
-            await asyncio.wait(futures, timeout=self._timeout_s)
+        await self._broker.wait_confirms(futures, self._timeout_s)
         return [publish_error(f) for f in futures]
 
     async def publish_after_holder(

@@ -1,0 +1,151 @@
+"""Ingest under overload: 200 only for what is stored and confirmed, 503 with Retry-After at
+once for the rest (the acceptor's pending limit, RabbitMQ blocking publishers), never a wait
+past the provider's budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from services.ingest.accept import AcceptorConfig
+from services.ingest.app import create_app
+from shared.broker import BROKER
+from shared.config import Settings
+from shared.topology import Topology
+from tests.conftest import TEST_SECRETS
+from tests.helpers import delivery, drain, eventually, payment_event
+from tests.rabbitmq_alarm import memory_alarm, unavailable_reason
+
+URL = "/webhooks/xhub"
+BUDGET_S = 10.0  # the provider's hard budget for any answer (SPEC section 3)
+AT_ONCE_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    event_id: str
+    status: int
+    retry_after: str | None
+    elapsed_s: float
+
+
+async def _ingest(
+    aiohttp_client: Any, settings: Settings, config: AcceptorConfig | None = None
+) -> tuple[TestClient, web.Application]:
+    app = create_app(settings, acceptor_config=config)
+    client: TestClient = await aiohttp_client(app)
+    await app[BROKER].wait_connected(10)
+    return client, app
+
+
+async def _post(client: TestClient, event_id: str | None = None) -> Answer:
+    event_id = event_id or f"evt_{uuid.uuid4().hex}"
+    body, headers = delivery(payment_event(), TEST_SECRETS[0], event_id=event_id)
+    started = time.monotonic()
+    async with client.post(URL, data=body, headers=headers) as response:
+        await response.read()
+        return Answer(
+            event_id,
+            response.status,
+            response.headers.get("Retry-After"),
+            time.monotonic() - started,
+        )
+
+
+def _unavailable_count(metrics_text: str) -> float:
+    [line] = [
+        line
+        for line in metrics_text.splitlines()
+        if line.startswith("payhooks_webhooks_received_total") and 'outcome="unavailable"' in line
+    ]
+    return float(line.rpartition(" ")[2])
+
+
+async def test_webhooks_beyond_the_pending_limit_are_refused_at_once(
+    aiohttp_client: Any, settings: Settings, db: Any, amqp: Any
+) -> None:
+    config = AcceptorConfig(max_batch=4, max_in_flight=1, max_pending=4, db_timeout_s=1.0)
+    client, _ = await _ingest(aiohttp_client, settings, config)
+    # PostgreSQL holds every insert: one batch waits for it, four webhooks wait for a batch.
+    await db.execute("BEGIN")
+    await db.execute("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+    try:
+        answers = await asyncio.gather(*(_post(client) for _ in range(20)))
+    finally:
+        await db.execute("ROLLBACK")
+
+    assert {a.status for a in answers} == {503}
+    assert all(a.retry_after == "5" for a in answers)
+    assert max(a.elapsed_s for a in answers) < BUDGET_S
+    at_once = [a for a in answers if a.elapsed_s < AT_ONCE_S]
+    assert len(at_once) >= 20 - 4 - 4, sorted(round(a.elapsed_s, 2) for a in answers)
+    assert _unavailable_count(await (await client.get("/metrics")).text()) == 20
+    assert (await _post(client)).status == 200  # the acceptor takes work again
+
+
+async def test_under_overload_every_answer_is_a_stored_and_queued_200_or_a_503(
+    aiohttp_client: Any, settings: Settings, db: Any, amqp: Any, topology: Topology
+) -> None:
+    config = AcceptorConfig(max_batch=8, max_in_flight=1, max_pending=8)
+    client, _ = await _ingest(aiohttp_client, settings, config)
+
+    answers = await asyncio.gather(*(_post(client) for _ in range(300)))
+
+    statuses = Counter(a.status for a in answers)
+    assert set(statuses) == {200, 503}, statuses
+    assert all(a.retry_after == "5" for a in answers if a.status == 503)
+    assert max(a.elapsed_s for a in answers) < BUDGET_S
+    accepted = sorted(a.event_id for a in answers if a.status == 200)
+    stored = await db.fetch("SELECT event_id, published_at FROM inbox ORDER BY event_id")
+    assert [r["event_id"] for r in stored] == accepted  # nothing stored for a 503
+    queued = await drain(amqp, topology.work["orders"].name)
+    assert sorted(m.message_id or "" for m in queued) == accepted  # each queued once
+
+
+async def test_a_broker_blocking_publishers_gets_503_at_once_and_readyz_says_why(
+    aiohttp_client: Any, settings: Settings, db: Any, amqp: Any, topology: Topology
+) -> None:
+    if reason := unavailable_reason():
+        pytest.skip(reason)
+    client, app = await _ingest(aiohttp_client, settings)
+    before = await _post(client)
+    assert before.status == 200
+
+    with memory_alarm():
+        # RabbitMQ blocks a connection when it next publishes after the alarm: that one's
+        # batch gives up as soon as the connection.blocked arrives (or it slipped in, 200).
+        first = await _post(client)
+        if first.status == 200:
+            first = await _post(client)
+        blocked = app[BROKER].blocked
+        then = await _post(client)
+        ready = await client.get("/readyz")
+        readiness = await ready.json()
+
+    assert blocked
+    assert (first.status, first.retry_after) == (503, "5")
+    assert first.elapsed_s < 2.0, f"the blocked publish took {first.elapsed_s:.2f}s to give up"
+    assert (then.status, then.retry_after) == (503, "5")
+    assert then.elapsed_s < AT_ONCE_S
+    assert ready.status == 503
+    assert readiness["failing"] == ["rabbitmq_not_blocked"]
+
+    async def readyz() -> int:
+        async with client.get("/readyz") as response:
+            return response.status
+
+    await eventually(readyz, lambda status: status == 200, timeout_s=15)
+    for event_id in (first.event_id, then.event_id):  # the provider's retries
+        assert (await _post(client, event_id)).status == 200
+    expected = sorted({before.event_id, first.event_id, then.event_id})
+    queued = await drain(amqp, topology.work["orders"].name, settle_s=0.5)
+    assert sorted(m.message_id or "" for m in queued) == expected
