@@ -23,7 +23,7 @@ from shared.config import Settings
 from shared.db import init_connection
 from shared.migrate import migrate
 from shared.topology import Topology, build_topology, declare, delete
-from tests import run_vhost
+from tests import dlx_guard, run_vhost
 
 TEST_DATABASE_URL = os.environ.get(
     "TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/payhooks_test"
@@ -44,12 +44,17 @@ CONNECT_TIMEOUT_S = 30.0
 # fails with PRECONDITION_FAILED instead.
 RUN_MAX_QUEUES = 150
 _RUN_VHOST: run_vhost.RunVhost | None = None
+_DLX_GUARD: dlx_guard.Guard | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """One RabbitMQ vhost per run (vhosts of killed runs deleted first), where rabbitmqctl
     reaches the broker of TEST_AMQP_URL; otherwise TEST_AMQP_URL as configured."""
-    global TEST_AMQP_URL, _RUN_VHOST
+    global TEST_AMQP_URL, _RUN_VHOST, _DLX_GUARD
+    if _DLX_GUARD is None and _RUN_VHOST is None and _local_rabbitmq():
+        dlx_guard.ensure()  # a previous run's deletions may have killed it
+        _DLX_GUARD = dlx_guard.Guard()
+        _DLX_GUARD.start()
     if _RUN_VHOST is None and _reachable(TEST_AMQP_URL, 5672):
         _RUN_VHOST = run_vhost.create(TEST_AMQP_URL, "test", RUN_MAX_QUEUES)
         if _RUN_VHOST is not None:
@@ -58,10 +63,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Deleting the vhost deletes every queue and exchange of the run at once."""
-    global _RUN_VHOST
+    global _RUN_VHOST, _DLX_GUARD
     if _RUN_VHOST is not None:
         run_vhost.delete(_RUN_VHOST)
         _RUN_VHOST = None
+    if _DLX_GUARD is not None:
+        _DLX_GUARD.stop()
+        dlx_guard.ensure()  # the vhost's deletion may have killed it
+        _DLX_GUARD = None
+
+
+def _local_rabbitmq() -> bool:
+    host = urlsplit(TEST_AMQP_URL).hostname
+    return dlx_guard.available() and host in ("127.0.0.1", "localhost", "::1")
 
 
 def _reachable(url: str, default_port: int) -> bool:

@@ -107,31 +107,6 @@ def ensure_rabbitmq() -> None:
         wait_rabbitmq()
 
 
-# RabbitMQ 3.10's supervisor of at-least-once dead-letter workers gives up after two worker
-# crashes in 5 s, and such a crash happens when a quorum queue is deleted while its worker
-# starts (tests and benches delete theirs). It is never restarted: every at-least-once queue
-# declared afterwards crashes on start and a consume on it closes the connection (541
-# INTERNAL_ERROR). rabbitmq/rabbitmq-server#16652; docs/rabbitmq-limits.md.
-_DLX_SUPERVISOR = (
-    "case whereis(rabbit_fifo_dlx_sup) of"
-    " undefined -> supervisor:restart_child(rabbit_sup, rabbit_fifo_dlx_sup), restarted;"
-    " _ -> alive end."
-)
-
-
-def ensure_dlx_supervisor() -> bool:
-    """Restart RabbitMQ's dead-letter worker supervisor if it died; True if it had to."""
-    require_rabbitmqctl()
-    out = subprocess.run(
-        ["rabbitmqctl", "-q", "eval", _DLX_SUPERVISOR],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return out.stdout.strip() == "restarted"
-
-
 def _pg_cluster() -> str:
     versions = sorted(os.listdir("/etc/postgresql"))
     if not versions or shutil.which("pg_ctlcluster") is None:

@@ -26,7 +26,7 @@ from services.sim.api import PaymentBook, start_api
 from shared.config import Settings
 from shared.migrate import migrate
 from shared.topology import Topology, build_topology, delete
-from tests import faults
+from tests import dlx_guard
 from tests.processes import free_port, payhooks_command
 from tests.proxy import TcpProxy
 
@@ -129,7 +129,7 @@ class Stack:
     async def start(self, log_path: Path) -> None:
         await self._fresh_database()
         await self.delete_queues()
-        await asyncio.to_thread(faults.ensure_dlx_supervisor)
+        await asyncio.to_thread(dlx_guard.ensure)
         if self.proxied:
             await self.pg_proxy.start()
             await self.amqp_proxy.start()
@@ -198,7 +198,7 @@ class Stack:
         with contextlib.suppress(Exception):
             await self.delete_queues()
             await asyncio.sleep(1)  # the dead-letter workers of deleted queues stop meanwhile
-            await asyncio.to_thread(faults.ensure_dlx_supervisor)
+            await asyncio.to_thread(dlx_guard.ensure)
         with contextlib.suppress(Exception):
             await self._drop_database()
 
