@@ -1,13 +1,16 @@
 """One order transition: send its customer email, at most once per (payment, template).
 
 The send happens inside the transaction that inserts the emails_sent row, and the commit
-follows the SMTP server's acceptance. A crash after the server accepted the message and
-before the commit is the one window that resends: the redelivered message finds no row and
-sends again — with the same deterministic Message-ID, which mail systems dedup.
+follows the SMTP server's acceptance. If PostgreSQL goes away between the two (the commit
+fails), the row is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
+database outage does not resend. A crash of the process in that window is the one case that
+resends: the redelivered message finds no row and sends again — with the same deterministic
+Message-ID, which mail systems dedup.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -15,6 +18,7 @@ import structlog
 
 from services.email.sender import Sender
 from services.email.templates import TEMPLATE_FOR_EVENT, message_id, render
+from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
@@ -26,6 +30,11 @@ log = structlog.get_logger(__name__)
 
 WORKER = "email"
 
+# How long a sent email's record is retried when the commit after the send failed.
+RECORD_AFTER_SEND_S = 120.0
+_RECORD_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+_RECORD_ATTEMPT_S = 5.0
+
 
 def make_handler(
     pool: asyncpg.Pool[Any], sender: Sender, email_from: str, metrics: EmailMetrics
@@ -36,28 +45,61 @@ def make_handler(
         if template is None:
             return "ok"  # order.cancelled and friends send nothing
         mid = message_id(template, transition.payment_id, email_from)
-        async with pool.acquire() as conn, conn.transaction():
-            order = await orders_sql.order_for_payment(conn, transition.payment_id)
-            if order is None:
-                raise UnknownPaymentError(f"no order for payment {transition.payment_id}")
-            claimed = await emails_sql.record_email(
-                conn, transition.payment_id, template, mid, order["email"], delivery.message_id
-            )
-            if not claimed:
-                return "skipped_duplicate"
-            await sender.send(
-                render(
-                    template,
-                    payment_id=transition.payment_id,
-                    order_id=order["order_id"],
-                    amount=str(order["amount"]),
-                    currency=order["currency"],
-                    recipient=order["email"],
-                    sender=email_from,
+        sent: tuple[str, str, str, str, str] | None = None  # the record of an email sent
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                order = await orders_sql.order_for_payment(conn, transition.payment_id)
+                if order is None:
+                    raise UnknownPaymentError(f"no order for payment {transition.payment_id}")
+                record = (transition.payment_id, template, mid, order["email"], delivery.message_id)
+                if not await emails_sql.record_email(conn, *record):
+                    return "skipped_duplicate"
+                await sender.send(
+                    render(
+                        template,
+                        payment_id=transition.payment_id,
+                        order_id=order["order_id"],
+                        amount=str(order["amount"]),
+                        currency=order["currency"],
+                        recipient=order["email"],
+                        sender=email_from,
+                    )
                 )
-            )
+                sent = record
+        except TRANSIENT_DB_ERRORS as e:
+            if sent is None:
+                raise
+            # The SMTP server has the email; the failed commit took its record with it.
+            log.warning("email.record_failed_after_send", error=repr(e))
+            await _record_after_send(pool, *sent)
         metrics.emails_sent.labels(template=template).inc()
         log.info("email.sent", payment_id=transition.payment_id, template=template)
         return "ok"
 
     return handle
+
+
+async def _record_after_send(
+    pool: asyncpg.Pool[Any],
+    payment_id: str,
+    template: str,
+    mid: str,
+    recipient: str,
+    event_id: str,
+) -> None:
+    """Write the record of an email already sent, retrying while PostgreSQL is away; raise
+    (the message is redelivered and sent again) if it is still away after RECORD_AFTER_SEND_S.
+    A row there already (another copy's) is just as good."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RECORD_AFTER_SEND_S
+    attempt = 0
+    while True:
+        try:
+            async with asyncio.timeout(_RECORD_ATTEMPT_S), pool.acquire() as conn:
+                await emails_sql.record_email(conn, payment_id, template, mid, recipient, event_id)
+            return
+        except TRANSIENT_DB_ERRORS:
+            if loop.time() >= deadline:
+                raise
+        await asyncio.sleep(_RECORD_BACKOFF_S[min(attempt, len(_RECORD_BACKOFF_S) - 1)])
+        attempt += 1
