@@ -36,6 +36,10 @@ log = structlog.get_logger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 _RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+_ATTEMPT_TIMEOUT_S = 20.0
+# Longer than aio-pika's own reconnect (every 5 s) and channel restore take after an outage.
+_STUCK_AFTER_S = 30.0
+_WATCH_INTERVAL_S = 2.0
 # How often a wait for confirms looks whether RabbitMQ has blocked the connection meanwhile.
 _BLOCKED_POLL_S = 0.05
 
@@ -142,7 +146,37 @@ class Broker:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._connect_forever(), name="broker-connect")
+        self._task = asyncio.create_task(self._run(), name="broker-connect")
+
+    async def _run(self) -> None:
+        """Connect, then watch: aio-pika's robust connection brings the connection back after
+        an outage, but `make chaos` twice saw one that never did (made while RabbitMQ was
+        stopping; no attempt, no log). Not ready for _STUCK_AFTER_S: start afresh."""
+        await self._connect_forever()
+        loop = asyncio.get_running_loop()
+        unready_since: float | None = None
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            if self.is_ready:
+                unready_since = None
+                continue
+            unready_since = unready_since or loop.time()
+            if loop.time() - unready_since < _STUCK_AFTER_S:
+                continue
+            log.error("broker.reconnecting_afresh", not_ready_s=round(loop.time() - unready_since))
+            stale, self._connection, self._channel, self._exchange = (
+                self._connection,
+                None,
+                None,
+                None,
+            )
+            self._connected.clear()
+            if stale is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                        await stale.close()
+            await self._connect_forever()
+            unready_since = None
 
     async def wait_connected(self, timeout_s: float) -> None:
         async with asyncio.timeout(timeout_s):
@@ -256,12 +290,18 @@ class Broker:
             # connection left open keeps reconnecting for ever.
             connection = RobustConnection(URL(self._url))
             try:
-                await connection.connect(timeout=CONNECT_TIMEOUT_S)
-                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-                exchange = await declare(channel, self.topology)
+                # One bound for the whole attempt: a broker going away half-way (stop_app while
+                # we declare) once left an attempt waiting for ever with no connection open.
+                async with asyncio.timeout(_ATTEMPT_TIMEOUT_S):
+                    await connection.connect(timeout=CONNECT_TIMEOUT_S)
+                    channel = await connection.channel(
+                        publisher_confirms=True, on_return_raises=True
+                    )
+                    exchange = await declare(channel, self.topology)
             except BaseException as e:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(connection.close())
+                    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                        await asyncio.shield(connection.close())
                 if not isinstance(e, TimeoutError | OSError | aio_pika.exceptions.AMQPError):
                     raise
                 delay = _RECONNECT_BACKOFF_S[min(attempt, len(_RECONNECT_BACKOFF_S) - 1)]

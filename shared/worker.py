@@ -53,6 +53,9 @@ ORIGINAL_QUEUE = "original_queue"
 _PUBLISH_TIMEOUT_S = 5.0
 _START_TIMEOUT_S = 10.0
 _START_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+_WATCH_INTERVAL_S = 2.0
+# After the broker is ready again, how long the robust channel gets to restore the consumer.
+_RECONSUME_AFTER_S = 20.0
 
 # Database connections per worker process. Prefetched messages beyond this wait for a
 # connection; PostgreSQL's default of 100 connections must fit every replica of every service.
@@ -99,10 +102,29 @@ class Worker:
         self._start_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._start_task = asyncio.create_task(self._start(), name=f"{self.name}-consumer")
+        self._start_task = asyncio.create_task(self._run(), name=f"{self.name}-consumer")
 
-    async def _start(self) -> None:
+    async def _run(self) -> None:
+        """Consume, then watch: the robust channel restores the consumer after an outage; if
+        it has not come back _RECONSUME_AFTER_S after the broker is ready again (the broker
+        replaced a connection that never recovered), consume on a new channel."""
         await self._broker.wait_connected(timeout_s=float("inf"))
+        await self._consume_until_done()
+        loop = asyncio.get_running_loop()
+        lost_since: float | None = None
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            if await self.consuming() or not self._broker.is_ready:
+                lost_since = None  # counted from when the broker is ready again
+                continue
+            lost_since = lost_since or loop.time()
+            if loop.time() - lost_since >= _RECONSUME_AFTER_S:
+                log.error("worker.consuming_afresh", worker=self.name, queue=self._queue.name)
+                await self._drop_channel()
+                await self._consume_until_done()
+                lost_since = None
+
+    async def _consume_until_done(self) -> None:
         attempt = 0
         while True:
             try:
@@ -115,11 +137,16 @@ class Worker:
                 log.warning(
                     "worker.consume_failed", worker=self.name, error=repr(e), retry_in_s=delay
                 )
-                if self._channel is not None:
-                    with contextlib.suppress(Exception):
-                        await self._channel.close()
-                self._channel = None
+                await self._drop_channel()
                 await asyncio.sleep(delay)
+
+    async def _drop_channel(self) -> None:
+        """Close the channel (a closed robust channel is not restored any more)."""
+        channel, self._channel, self._consumer_tag = self._channel, None, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_START_TIMEOUT_S):
+                    await channel.close()
 
     async def _consume(self) -> None:
         async with asyncio.timeout(_START_TIMEOUT_S):
@@ -141,7 +168,11 @@ class Worker:
         channel, tag = self._channel, self._consumer_tag
         if channel is None or tag is None or channel.is_closed or not self._broker.is_ready:
             return False
-        underlay = await channel.get_underlay_channel()
+        try:
+            async with asyncio.timeout(1.0):  # a robust channel waits while it reconnects
+                underlay = await channel.get_underlay_channel()
+        except (TimeoutError, aiormq.exceptions.AMQPError):
+            return False
         # aiormq drops a consumer from `consumers` when RabbitMQ cancels it (basic.cancel).
         return (
             isinstance(underlay, aiormq.Channel)

@@ -17,6 +17,9 @@ from typing import Any
 import aio_pika
 import pytest
 
+from shared import broker as broker_module
+from shared import worker as worker_module
+from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology
 from tests import faults
@@ -113,3 +116,39 @@ async def test_services_consume_again_after_rabbitmq_restarts(
     }
     assert smtp_messages(sink, "pay_after") == ["payment_succeeded"]
     assert time.monotonic() - back < RECOVERY_BUDGET_S
+
+
+async def test_a_connection_that_never_comes_back_is_replaced_and_consumed_again(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aio-pika's robust connection once never reconnected (made while RabbitMQ was stopping;
+    `make chaos`). Such a connection is what a closed one looks like: the broker starts
+    afresh, and the workers consume on the new connection."""
+    monkeypatch.setattr(broker_module, "_STUCK_AFTER_S", 2.0)
+    monkeypatch.setattr(worker_module, "_RECONSUME_AFTER_S", 2.0)
+    sink, port = smtp
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, port), amqp, topology
+    )
+    await register(db, "pay_afresh")
+    for clients in system.clients.values():
+        app = clients[0].app
+        assert app is not None
+        await app[BROKER].connection.close()  # a robust connection closed never reconnects
+
+    await eventually(
+        lambda: statuses(system),
+        lambda s: s == dict.fromkeys(system.clients, 200),
+        timeout_s=RECOVERY_BUDGET_S,
+        interval_s=0.2,
+    )
+    await post(system.ingest, payment_event("pay_afresh", "paid"))
+    await quiescent(db, system)
+    assert (await effects(db, "pay_afresh"))["emails"] == ["payment_succeeded"]
+    assert smtp_messages(sink, "pay_afresh") == ["payment_succeeded"]
