@@ -302,7 +302,10 @@ class Broker:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(CONNECT_TIMEOUT_S):
                         await asyncio.shield(connection.close())
-                if not isinstance(e, TimeoutError | OSError | aio_pika.exceptions.AMQPError):
+                # Anything but cancellation is retried: aio-pika also raises RuntimeError
+                # ("... closed") when the broker closes the connection half-way, and a
+                # connect task that died on it left ingest answering 503 for good.
+                if not isinstance(e, Exception):
                     raise
                 delay = _RECONNECT_BACKOFF_S[min(attempt, len(_RECONNECT_BACKOFF_S) - 1)]
                 attempt += 1

@@ -33,7 +33,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
 from aiohttp import web
 
 from shared.broker import BROKER, Broker, persistent_copy
-from shared.errors import PermanentError, TransientError, UnavailableError
+from shared.errors import PermanentError, TransientError
 from shared.metrics import WorkerMetrics
 from shared.tasks import cancel_and_wait
 from shared.topology import WorkQueue
@@ -114,7 +114,12 @@ class Worker:
         lost_since: float | None = None
         while True:
             await asyncio.sleep(_WATCH_INTERVAL_S)
-            if await self.consuming() or not self._broker.is_ready:
+            try:
+                live = await self.consuming()
+            except Exception as e:  # the watch must outlive whatever the channel raises
+                log.warning("worker.consumer_check_failed", worker=self.name, error=repr(e))
+                live = False
+            if live or not self._broker.is_ready:
                 lost_since = None  # counted from when the broker is ready again
                 continue
             lost_since = lost_since or loop.time()
@@ -130,7 +135,7 @@ class Worker:
             try:
                 await self._consume()
                 return
-            except (TimeoutError, OSError, aio_pika.exceptions.AMQPError, UnavailableError) as e:
+            except Exception as e:  # aio-pika raises RuntimeError ("closed") too
                 # The broker went away between connecting and consuming: try again.
                 delay = _START_BACKOFF_S[min(attempt, len(_START_BACKOFF_S) - 1)]
                 attempt += 1
