@@ -210,14 +210,18 @@ class Broker:
         )
 
     async def ping(self) -> bool:
-        """A real round trip (passive declare of the events exchange): a stalled broker or
-        network shows up here, not just a closed socket. Skipped while RabbitMQ blocks the
-        connection: it reads nothing then, and a round trip given up on closes the channel."""
-        if not self.is_ready:
+        """A real round trip: a stalled broker or network shows up here, not just a closed
+        socket. Skipped while RabbitMQ blocks the connection (it reads nothing then)."""
+        if not self.is_ready or self._connection is None or self._connection.transport is None:
             return False
         if self.blocked:
             return True  # connected; `blocked` is reported on its own
-        await self.channel.get_exchange(self.topology.exchange, ensure=True)
+        # Opening a channel is answered by the broker itself. (A passive declare on the robust
+        # channel is not: aio-pika answers it from its cache for an exchange it declared, so a
+        # black-holed broker looked ready.) Its own channel: a round trip given up on here
+        # must not leave the publishing channel waiting for a late reply.
+        probe = await self._connection.transport.connection.channel(publisher_confirms=False)
+        await probe.close()
         return True
 
     @property
