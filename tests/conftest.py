@@ -124,16 +124,6 @@ async def _drop_database(name: str) -> None:
         await admin.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def _drop_databases_of_dead_runs() -> None:
     """Databases that killed test runs on this machine left behind (their pid is gone)."""
     if urlsplit(TEST_DATABASE_URL).hostname not in ("127.0.0.1", "localhost", "::1"):
@@ -147,7 +137,7 @@ async def _drop_databases_of_dead_runs() -> None:
     finally:
         await admin.close()
     for (name,) in names:
-        if not _alive(int(name[len(_BASE_DATABASE) + 1 :].split("_")[0])):
+        if not run_vhost.alive(int(name[len(_BASE_DATABASE) + 1 :].split("_")[0])):
             await _drop_database(name)
 
 

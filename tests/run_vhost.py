@@ -54,7 +54,8 @@ def _rabbitmqctl(*args: str) -> str:
     return done.stdout
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a run's leftovers are cleaned up when it does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -74,7 +75,7 @@ def delete_vhosts_of_dead_runs() -> list[str]:
     dead = []
     for line in _rabbitmqctl("list_vhosts", "name").splitlines():
         match = _NAME.match(line.strip())
-        if match and not _alive(int(match.group(1))):
+        if match and not alive(int(match.group(1))):
             _delete(line.strip())
             dead.append(line.strip())
     return dead
