@@ -9,6 +9,7 @@ import email
 import os
 import re
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -177,6 +178,7 @@ def migrated_database() -> Iterator[str]:
 # Every queue prefix this run handed out, for the sweep at the end of the session.
 _PREFIXES: list[str] = []
 _TEST_RETRY_DELAYS = "0.2,0.4"
+_MIN_QUEUE_AGE_S = 1.0
 
 
 @pytest.fixture
@@ -272,9 +274,14 @@ async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel
     """A plain channel for reading queues; deletes the test's queues at teardown."""
     connection = await aio_pika.connect(TEST_AMQP_URL, timeout=CONNECT_TIMEOUT_S)
     channel = await connection.channel()
+    started = time.monotonic()
     try:
         yield channel
     finally:
+        # A quorum queue deleted while its dead-letter worker still starts crashes that worker,
+        # and two such crashes in 5 s kill RabbitMQ 3.10's dead-letter supervisor
+        # (tests/dlx_guard.py): quick tests give their queues a moment first.
+        await asyncio.sleep(max(0.0, _MIN_QUEUE_AGE_S - (time.monotonic() - started)))
         if channel.is_closed:
             try:
                 channel = await connection.channel()
