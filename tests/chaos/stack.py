@@ -28,7 +28,7 @@ from shared.migrate import migrate
 from shared.topology import Topology, build_topology, delete
 from tests import dlx_guard
 from tests.processes import free_port, payhooks_command
-from tests.proxy import TcpProxy
+from tests.proxy import TcpProxy, via
 
 SECRET = "chaos-secret"
 API_KEY = "chaos-provider-key"
@@ -77,12 +77,6 @@ class SmtpCounter:
 
 def _with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
-def _with_address(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-    return urlunsplit(parts._replace(netloc=f"{credentials}127.0.0.1:{port}"))
 
 
 class Stack:
@@ -142,15 +136,9 @@ class Stack:
             "PATH": os.environ.get("PATH", ""),
             "HOME": os.environ.get("HOME", "/root"),
             "DATABASE_URL": (
-                _with_address(self.database_url, self.pg_proxy.port)
-                if self.proxied
-                else self.database_url
+                via(self.database_url, self.pg_proxy) if self.proxied else self.database_url
             ),
-            "AMQP_URL": (
-                _with_address(self.amqp_url, self.amqp_proxy.port)
-                if self.proxied
-                else self.amqp_url
-            ),
+            "AMQP_URL": (via(self.amqp_url, self.amqp_proxy) if self.proxied else self.amqp_url),
             "AMQP_PREFIX": self.prefix,
             "XHUB_WEBHOOK_SECRETS": SECRET,
             "XHUB_TIMESTAMP_TOLERANCE": "3600",
