@@ -133,6 +133,32 @@ class WorkerMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class OrderMetrics:
+    undecided: Counter
+    refund_failures: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> OrderMetrics:
+        return cls(
+            undecided=_counter(
+                "payhooks_orders_undecided_events",
+                "Provider events the state machine could not decide (the provider is asked),"
+                " by reason.",
+                registry,
+                "reason",
+                ("reversal_before_refund", "amount_mismatch_ignored", "currency_mismatch"),
+            ),
+            refund_failures=_counter(
+                "payhooks_refund_failures",
+                "refund.failed and refund.rejected events received: the merchant must know.",
+                registry,
+                "event",
+                ("refund.failed", "refund.rejected"),
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class BonusMetrics:
     points_granted: Counter
     entries: Counter
@@ -158,6 +184,7 @@ class BonusMetrics:
 @dataclass(frozen=True, slots=True)
 class EmailMetrics:
     emails_sent: Counter
+    emails_skipped: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> EmailMetrics:
@@ -168,7 +195,15 @@ class EmailMetrics:
                 registry,
                 "template",
                 ("payment_succeeded", "payment_refunded"),
-            )
+            ),
+            emails_skipped=_counter(
+                "payhooks_emails_skipped",
+                "Customer emails not sent because a later one went out first (a success email"
+                " after the refund email), by template.",
+                registry,
+                "template",
+                ("payment_succeeded",),
+            ),
         )
 
 
@@ -185,6 +220,8 @@ class QueueMetrics:
     oldest_age: Gauge
     outbox_backlog: Gauge
     inbox_unpublished: Gauge
+    orders_undecided: Gauge
+    orders_undecided_oldest: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> QueueMetrics:
@@ -215,6 +252,17 @@ class QueueMetrics:
             inbox_unpublished=Gauge(
                 "payhooks_inbox_unpublished",
                 "Stored webhooks not yet confirmed by RabbitMQ (the sweeper's backlog).",
+                registry=registry,
+            ),
+            orders_undecided=Gauge(
+                "payhooks_orders_undecided",
+                "Orders with an event the state machine could not decide (the reconciler asks"
+                " the provider about them).",
+                registry=registry,
+            ),
+            orders_undecided_oldest=Gauge(
+                "payhooks_orders_undecided_oldest_seconds",
+                "How long the oldest undecided order has been undecided (0 when none).",
                 registry=registry,
             ),
         )
@@ -263,7 +311,16 @@ class ProviderMetrics:
         self.request_duration.observe(duration_s)
 
 
-RECONCILE_RESULTS = ("in_sync", "repaired", "not_found", "provider_error", "publish_failed")
+# resolved: an undecided order the provider's answer confirmed; undecided: one it didn't settle
+RECONCILE_RESULTS = (
+    "in_sync",
+    "repaired",
+    "resolved",
+    "undecided",
+    "not_found",
+    "provider_error",
+    "publish_failed",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,15 +136,22 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
             f"  {order['amount']} {order['currency']}  status {order['status']}"
             f"  refunded {order['refunded_amount']}"
         )
+    if view["undecided"] is not None:
+        undecided = view["undecided"]
+        print(
+            f"UNDECIDED since {undecided['since']} ({undecided['reason']}):"
+            " the reconciler is asking the provider"
+        )
     sections: list[tuple[str, list[str], str]] = [
         (
             "webhooks",
             ["received_at", "event_id", "event", "status", "duplicates", "outcome"],
             "events",
         ),
-        ("transitions", ["at", "from", "to", "event_id"], "transitions"),
-        ("bonus", ["created_at", "kind", "points", "user_id"], "bonus"),
-        ("emails", ["sent_at", "template", "message_id"], "emails"),
+        ("refund failures", ["received_at", "event", "refund_id", "event_id"], "refund_failures"),
+        ("transitions", ["at", "id", "from", "to", "event_id"], "transitions"),
+        ("bonus", ["created_at", "kind", "points", "transition_id", "user_id"], "bonus"),
+        ("emails", ["sent_at", "template", "skipped", "message_id"], "emails"),
         ("dead letters", ["id", "reason", "error", "attempts", "last_failed_at"], "dead_letters"),
     ]
     for title, columns, key in sections:

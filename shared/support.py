@@ -15,6 +15,8 @@ from shared.queries import inbox as inbox_sql
 from shared.queries import ledger as ledger_sql
 from shared.queries import orders as orders_sql
 
+REFUND_FAILURE_EVENTS = frozenset({"refund.failed", "refund.rejected"})
+
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
@@ -29,12 +31,22 @@ async def payment_view(
     if order is None and not webhooks:
         return None
     dead = {d.event_id: d for d in dead_letters if d.payment_id == payment_id}
-    events = []
+    events, refund_failures = [], []
     for row in webhooks:
         try:
-            status = orjson.loads(row["body"]).get("status")
+            body = orjson.loads(row["body"])
+            status, refund_id = body.get("status"), body.get("refund_id")
         except (orjson.JSONDecodeError, AttributeError):
-            status = None
+            status = refund_id = None
+        if row["event_type"] in REFUND_FAILURE_EVENTS:  # money that did not go back: the
+            refund_failures.append(  # merchant must know (seed 000)
+                {
+                    "event_id": row["event_id"],
+                    "event": row["event_type"],
+                    "refund_id": refund_id,
+                    "received_at": _iso(row["received_at"]),
+                }
+            )
         events.append(
             {
                 "event_id": row["event_id"],
@@ -47,11 +59,18 @@ async def payment_view(
                 "outcome": _outcome(row, dead.get(row["event_id"])),
             }
         )
+    undecided = None
+    if order is not None and order["undecided_since"] is not None:
+        undecided = {"reason": order["undecided_reason"], "since": _iso(order["undecided_since"])}
     return {
         "order": order_json(order) if order is not None else None,
+        # An event the state machine could not decide; the reconciler is asking the provider.
+        "undecided": undecided,
         "events": events,
+        "refund_failures": refund_failures,
         "transitions": [
             {
+                "id": r["id"],
                 "from": r["from_status"],
                 "to": r["to_status"],
                 "event_id": r["event_id"],
@@ -65,6 +84,7 @@ async def payment_view(
                 "points": r["points"],
                 "user_id": r["user_id"],
                 "event_id": r["event_id"],
+                "transition_id": r["transition_id"],
                 "created_at": _iso(r["created_at"]),
             }
             for r in await ledger_sql.ledger_for_payment(conn, payment_id)
@@ -75,6 +95,7 @@ async def payment_view(
                 "message_id": r["message_id"],
                 "recipient": r["recipient"],
                 "sent_at": _iso(r["sent_at"]),
+                "skipped": r["skipped"],
             }
             for r in await emails_sql.emails_for_payment(conn, payment_id)
         ],

@@ -1,5 +1,5 @@
-"""The api's monitor loop: queue depths, work queue consumers, DLQ ages and publish backlogs
-as gauges."""
+"""The api's monitor loop: queue depths, work queue consumers, DLQ ages, publish backlogs and
+undecided orders as gauges."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from services.api.dlq_access import DlqAccess
 from shared import dlq
 from shared.metrics import QueueMetrics
 from shared.queries import inbox as inbox_sql
+from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
 
 log = structlog.get_logger(__name__)
@@ -44,6 +45,9 @@ async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetr
     outbox = await outbox_sql.unpublished_count(pool)
     metrics.inbox_unpublished.set(inbox)
     metrics.outbox_backlog.set(outbox)
+    undecided, oldest_s = await orders_sql.undecided_backlog(pool)
+    metrics.orders_undecided.set(undecided)
+    metrics.orders_undecided_oldest.set(oldest_s)
 
 
 async def run_forever(

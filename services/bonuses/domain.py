@@ -1,24 +1,20 @@
-"""Bonus rules as data: which ledger entries a payment's order status calls for. No I/O.
+"""Bonus rules as data: the ledger entries an order's transition history calls for. No I/O.
 
-The ledger converges on the order's *current* status rather than replaying transitions in
-arrival order, so retries and reordering between `order.*` messages can't leave a refunded
-payment with a bonus or a paid one without it:
-
-* PAID or SETTLED: a `grant` (once ever); if it was clawed back, a `restore` (once ever).
-* REFUNDED: if granted and not clawed back, a `clawback` (once ever).
-* anything else: nothing.
-
-Net per payment = grant - clawback + restore = BONUS_POINTS while PAID/SETTLED, else 0. The
-one case the (payment, kind) key can't follow is a second refund after a reversal: the
-clawback is already used, so the net stays BONUS_POINTS (logged; an operator decides).
+The ledger tells the order's history (SPEC 5). Walking the transitions in the order the
+orders worker made them: the first move into PAID or SETTLED earns a `grant`; a move out of
+them takes the points back (`clawback`); a move back into them after that gives them again
+(`restore`). Each entry belongs to the transition that caused it, so whatever order the
+`order.*` messages reach the worker in, replaying the history committed so far adds exactly
+the entries still missing: net per payment = BONUS_POINTS while PAID/SETTLED, else 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 
-_EARNING = frozenset({"PAID", "SETTLED"})
+EARNING = frozenset({"PAID", "SETTLED"})
 
 
 class EntryKind(StrEnum):
@@ -30,19 +26,29 @@ class EntryKind(StrEnum):
 SIGN = {EntryKind.GRANT: 1, EntryKind.CLAWBACK: -1, EntryKind.RESTORE: 1}
 
 
-def entries_due(order_status: str, existing: Set[EntryKind]) -> list[EntryKind]:
-    """The entries to add so the ledger matches `order_status`."""
-    if order_status in _EARNING:
-        if EntryKind.GRANT not in existing:
-            return [EntryKind.GRANT]
-        if EntryKind.CLAWBACK in existing and EntryKind.RESTORE not in existing:
-            return [EntryKind.RESTORE]
-        return []
-    refunded = order_status == "REFUNDED"
-    if refunded and EntryKind.GRANT in existing and EntryKind.CLAWBACK not in existing:
-        return [EntryKind.CLAWBACK]
-    return []
+@dataclass(frozen=True, slots=True)
+class Transition:
+    id: int
+    to_status: str
+    event_id: str  # the provider event that caused it
 
 
-def balance(entries: Set[EntryKind], points: int) -> int:
-    return sum(SIGN[kind] * points for kind in entries)
+@dataclass(frozen=True, slots=True)
+class Entry:
+    kind: EntryKind
+    transition: Transition
+
+
+def entries_for(history: Iterable[Transition]) -> list[Entry]:
+    """The ledger of an order whose transitions, oldest first, are `history`."""
+    entries = []
+    granted = holding = False
+    for transition in history:
+        earning = transition.to_status in EARNING
+        if earning and not holding:
+            entries.append(Entry(EntryKind.RESTORE if granted else EntryKind.GRANT, transition))
+            granted = holding = True
+        elif holding and not earning:
+            entries.append(Entry(EntryKind.CLAWBACK, transition))
+            holding = False
+    return entries

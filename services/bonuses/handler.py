@@ -1,4 +1,10 @@
-"""One order transition: bring the payment's bonus ledger in line with its order's status."""
+"""One order transition: bring the payment's bonus ledger in line with its order's history.
+
+Whichever transition the message names, the handler replays every transition committed so
+far (services/bonuses/domain.py) and adds the entries still missing, each unique on its
+transition: messages reordered, repeated or handled by two workers at once add each entry
+once, and no lock is needed (the history only grows at its end).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from services.bonuses.domain import SIGN, EntryKind, entries_due
+from services.bonuses.domain import SIGN, EntryKind, Transition, entries_for
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics
@@ -23,38 +29,49 @@ WORKER = "bonuses"
 
 def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) -> Handler:
     async def handle(delivery: Delivery) -> str:
-        transition = OrderTransition.decode(delivery.body)
+        payment_id = OrderTransition.decode(delivery.body).payment_id
         async with pool.acquire() as conn, conn.transaction():
-            order = await orders_sql.order_status_for_update(conn, transition.payment_id)
+            order = await orders_sql.order_for_payment(conn, payment_id)
             if order is None:
-                raise UnknownPaymentError(f"no order for payment {transition.payment_id}")
+                raise UnknownPaymentError(f"no order for payment {payment_id}")
             if not await processed_sql.mark_processed(conn, WORKER, delivery.message_id, "ok"):
                 return "skipped_duplicate"
-            existing = {
-                EntryKind(k) for k in await ledger_sql.ledger_kinds(conn, transition.payment_id)
-            }
-            added = []
-            for kind in entries_due(order["status"], existing):
-                signed = SIGN[kind] * points
-                if await ledger_sql.add_ledger_entry(
+            history = [
+                Transition(r["id"], r["to_status"], r["event_id"])
+                for r in await orders_sql.transitions_for_payment(conn, payment_id)
+            ]
+            due = entries_for(history)
+            added = set(
+                await ledger_sql.add_ledger_entries(
                     conn,
-                    transition.payment_id,
+                    payment_id,
                     order["user_id"],
-                    kind.value,
-                    signed,
-                    delivery.message_id,
-                ):
-                    added.append((kind, signed))
-        for kind, signed in added:
-            metrics.entries.labels(kind=kind.value).inc()
-            if kind is EntryKind.GRANT:
+                    [
+                        (
+                            e.transition.id,
+                            e.kind.value,
+                            SIGN[e.kind] * points,
+                            e.transition.event_id,
+                        )
+                        for e in due
+                    ],
+                )
+            )
+        for entry in due:
+            if entry.transition.id not in added:
+                continue
+            signed = SIGN[entry.kind] * points
+            metrics.entries.labels(kind=entry.kind.value).inc()
+            if entry.kind is EntryKind.GRANT:
                 metrics.points_granted.inc(signed)
             log.info(
                 "bonus.entry_added",
-                payment_id=transition.payment_id,
+                payment_id=payment_id,
                 user_id=order["user_id"],
-                kind=kind.value,
+                kind=entry.kind.value,
                 points=signed,
+                transition_id=entry.transition.id,
+                to_status=entry.transition.to_status,
             )
         return "ok"
 

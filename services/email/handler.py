@@ -1,5 +1,9 @@
 """One order transition: send its customer email, at most once per (payment, template).
 
+A payment's emails are decided and sent one at a time (a lock per payment), and a success
+email whose payment already has its refund email is not sent but recorded as skipped: a
+customer never reads "payment received" after "payment refunded" (SPEC 5).
+
 The send happens inside the transaction that inserts the emails_sent row, and the commit
 follows the SMTP server's acceptance. If PostgreSQL goes away between the two (the commit
 fails), the row is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
@@ -17,7 +21,7 @@ import asyncpg
 import structlog
 
 from services.email.sender import Sender
-from services.email.templates import TEMPLATE_FOR_EVENT, message_id, render
+from services.email.templates import REFUNDED, SUCCEEDED, TEMPLATE_FOR_EVENT, message_id, render
 from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
@@ -46,32 +50,42 @@ def make_handler(
             return "ok"  # order.cancelled and friends send nothing
         mid = message_id(template, transition.payment_id, email_from)
         sent: tuple[str, str, str, str, str] | None = None  # the record of an email sent
+        skipped = False
         try:
             async with pool.acquire() as conn, conn.transaction():
                 order = await orders_sql.order_for_payment(conn, transition.payment_id)
                 if order is None:
                     raise UnknownPaymentError(f"no order for payment {transition.payment_id}")
                 record = (transition.payment_id, template, mid, order["email"], delivery.message_id)
-                if not await emails_sql.record_email(conn, *record):
-                    return "skipped_duplicate"
-                await sender.send(
-                    render(
-                        template,
-                        payment_id=transition.payment_id,
-                        order_id=order["order_id"],
-                        amount=str(order["amount"]),
-                        currency=order["currency"],
-                        recipient=order["email"],
-                        sender=email_from,
-                    )
+                await emails_sql.lock_payment_emails(conn, transition.payment_id)
+                skipped = template == SUCCEEDED and await emails_sql.is_recorded(
+                    conn, transition.payment_id, REFUNDED
                 )
-                sent = record
+                if not await emails_sql.record_email(conn, *record, skipped=skipped):
+                    return "skipped_duplicate"
+                if not skipped:
+                    await sender.send(
+                        render(
+                            template,
+                            payment_id=transition.payment_id,
+                            order_id=order["order_id"],
+                            amount=str(order["amount"]),
+                            currency=order["currency"],
+                            recipient=order["email"],
+                            sender=email_from,
+                        )
+                    )
+                    sent = record
         except TRANSIENT_DB_ERRORS as e:
             if sent is None:
                 raise
             # The SMTP server has the email; the failed commit took its record with it.
             log.warning("email.record_failed_after_send", error=repr(e))
             await _record_after_send(pool, *sent)
+        if skipped:
+            metrics.emails_skipped.labels(template=template).inc()
+            log.info("email.skipped_after_refund", payment_id=transition.payment_id)
+            return "ok"
         metrics.emails_sent.labels(template=template).inc()
         log.info("email.sent", payment_id=transition.payment_id, template=template)
         return "ok"

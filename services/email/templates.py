@@ -13,11 +13,14 @@ from string import Template
 
 TEMPLATE_HEADER = "X-Payhooks-Template"
 
+SUCCEEDED = "payment_succeeded"
+REFUNDED = "payment_refunded"
+
 # Which transition sends which email (at most one of each per payment id).
 TEMPLATE_FOR_EVENT = {
-    "order.paid": "payment_succeeded",
-    "order.settled": "payment_succeeded",
-    "order.refunded": "payment_refunded",
+    "order.paid": SUCCEEDED,
+    "order.settled": SUCCEEDED,
+    "order.refunded": REFUNDED,
 }
 
 

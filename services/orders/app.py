@@ -11,7 +11,7 @@ from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
-from shared.metrics import WorkerMetrics
+from shared.metrics import OrderMetrics, WorkerMetrics
 from shared.outbox import OutboxRelay
 from shared.tasks import background
 from shared.topology import build_topology
@@ -25,6 +25,7 @@ RELAY = web.AppKey("outbox_relay", OutboxRelay)
 
 def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
     metrics = WorkerMetrics.create(WORKER)
+    order_metrics = OrderMetrics.create(metrics.registry)
     app = base_app(metrics.registry)
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=POOL_SIZE))
@@ -41,7 +42,7 @@ def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
         worker_ctx(
             WORKER,
             topology.work_queue("orders"),
-            lambda app: make_handler(app[DB_POOL], app[RELAY]),
+            lambda app: make_handler(app[DB_POOL], app[RELAY], order_metrics),
             metrics,
             prefetch=prefetch,
         )

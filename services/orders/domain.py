@@ -27,9 +27,8 @@ from shared.errors import PermanentError
 # D5  A refund.completed on an already REFUNDED order records the refund id (so its reversal
 #     can be matched) without any status change.
 # D6  refund.reversed leaves REFUNDED (for PAID) only if both times are known and it happened
-#     strictly after the refund; otherwise the order stays REFUNDED (the safer state), and the
-#     reason reversal_before_refund makes the handler log it at warning for an operator (the
-#     reconciler re-asks about PENDING, AMOUNT_MISMATCH and PAID orders only).
+#     strictly after the refund; otherwise the order stays REFUNDED (the safer state) and the
+#     event is UNDECIDED: the reconciler asks the provider at once (D11).
 # D7  Every refund.reversed records its refund id as reversed. A reversal that overtook its
 #     refund (refund never counted, order not REFUNDED) changes nothing else (reason
 #     refund_not_counted), and the refund.completed that arrives after it is not counted
@@ -40,6 +39,15 @@ from shared.errors import PermanentError
 #     money fields are required where decide needs them; amounts must be plain non-negative
 #     decimal strings (no JSON floats, exponents or NaN); a created_at without an offset is
 #     read as UTC; status is compared lower-case.
+# D10 refund.failed and refund.rejected change no state; their reasons (refund_failed,
+#     refund_rejected) are counted and shown in the payment view: the merchant must know.
+# D11 UNDECIDED reasons are the events the model cannot apply safely: the order keeps its
+#     (safer) state and the reconciler asks the provider about it at once. The provider's
+#     answer (a `checked` event: `GET /payments/:id` seen at `checked_at`) goes through decide
+#     like a webhook, with one power a webhook lacks: "paid"/"settled" takes a REFUNDED order
+#     back to PAID/SETTLED, the provider's word that the refund was reversed, but only if the
+#     provider's payment changed after the refund (updated_at > refunded_at) and the order did
+#     not change since the provider was asked (changed_at < checked_at). Otherwise it stays.
 
 
 class InvalidEventError(PermanentError):
@@ -74,6 +82,15 @@ class Reason(StrEnum):
     REVERSAL_BEFORE_REFUND = "reversal_before_refund"
     REFUND_NOT_COUNTED = "refund_not_counted"
     REFUND_ALREADY_REVERSED = "refund_already_reversed"
+    REFUND_FAILED = "refund_failed"
+    REFUND_REJECTED = "refund_rejected"
+    REVERSED_AT_PROVIDER = "reversed_at_provider"
+
+
+# Events the model cannot decide: the order stays as it is and the provider is asked (D11).
+UNDECIDED: Final = frozenset(
+    {Reason.REVERSAL_BEFORE_REFUND, Reason.AMOUNT_MISMATCH_IGNORED, Reason.CURRENCY_MISMATCH}
+)
 
 
 S = OrderStatus
@@ -106,6 +123,10 @@ CHECKED_STATUSES: Final = frozenset({"paid", "settled"})  # compared with the or
 STATUS_CHANGED: Final = "payment.status_changed"
 REFUND_COMPLETED: Final = "refund.completed"
 REFUND_REVERSED: Final = "refund.reversed"
+REFUND_FAILURES: Final[Mapping[str, Reason]] = {
+    "refund.failed": Reason.REFUND_FAILED,
+    "refund.rejected": Reason.REFUND_REJECTED,
+}
 
 
 class Row(Protocol):
@@ -123,6 +144,7 @@ class OrderState:
     refunded_at: datetime | None = None  # provider time of the refund that made it REFUNDED
     refund_ids: frozenset[str] = field(default_factory=frozenset)  # refunds already counted
     reversed_refund_ids: frozenset[str] = field(default_factory=frozenset)  # never count (D7)
+    changed_at: datetime | None = None  # when we last changed the order (our clock)
 
     @classmethod
     def from_row(cls, row: Row) -> OrderState:
@@ -135,6 +157,7 @@ class OrderState:
             refunded_at=row["refunded_at"],
             refund_ids=frozenset(row["refund_ids"]),
             reversed_refund_ids=frozenset(row["reversed_refund_ids"]),
+            changed_at=row["updated_at"],
         )
 
 
@@ -147,6 +170,7 @@ class ProviderEvent:
     currency: str | None = None
     occurred_at: datetime | None = None  # the payload's created_at
     refund_id: str | None = None
+    checked_at: datetime | None = None  # set: the provider's answer to GET /payments/:id (D11)
 
     def __post_init__(self) -> None:
         # A ProviderEvent that exists is complete enough for decide (D9).
@@ -163,8 +187,9 @@ class ProviderEvent:
             raise InvalidEventError(f"{self.event_type} {self.status} without amount or currency")
         if self.amount is not None and not (self.amount.is_finite() and self.amount >= 0):
             raise InvalidEventError("amount must be a finite non-negative decimal")
-        if self.occurred_at is not None and self.occurred_at.utcoffset() is None:
-            raise InvalidEventError("occurred_at must be timezone-aware")
+        for moment in (self.occurred_at, self.checked_at):
+            if moment is not None and moment.utcoffset() is None:
+                raise InvalidEventError("event times must be timezone-aware")
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +220,7 @@ def parse_event(payload: Mapping[str, Any]) -> ProviderEvent:
         currency=_text(payload, "currency"),
         occurred_at=_time(payload.get("created_at")),
         refund_id=_text(payload, "refund_id"),
+        checked_at=_time(payload.get("checked_at")),
     )
 
 
@@ -220,11 +246,11 @@ def _time(value: Any) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidEventError("created_at must be an ISO 8601 string")
+        raise InvalidEventError("times must be ISO 8601 strings")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError as e:
-        raise InvalidEventError("created_at must be ISO 8601") from e
+        raise InvalidEventError("times must be ISO 8601") from e
     return parsed if parsed.utcoffset() is not None else parsed.replace(tzinfo=UTC)  # D9
 
 
@@ -236,7 +262,9 @@ def decide(state: OrderState, event: ProviderEvent) -> Decision:
         return _refund_completed(state, event)
     if event.event_type == REFUND_REVERSED:
         return _refund_reversed(state, event)
-    return _unchanged(Reason.IGNORED_EVENT)  # refund.rejected, refund.failed, anything else
+    if event.event_type in REFUND_FAILURES:
+        return _unchanged(REFUND_FAILURES[event.event_type])  # D10
+    return _unchanged(Reason.IGNORED_EVENT)
 
 
 def _status_changed(state: OrderState, event: ProviderEvent) -> Decision:
@@ -249,6 +277,9 @@ def _status_changed(state: OrderState, event: ProviderEvent) -> Decision:
         target = S.AMOUNT_MISMATCH
     if target == state.status:
         return _unchanged(Reason.NO_STATE_CHANGE)
+    if _reversed_at_provider(state, event, target):
+        back = replace(state, status=target, refunded_amount=Decimal(0), refunded_at=None)
+        return _moved(state, back, Reason.REVERSED_AT_PROVIDER)  # D11
     money = status in MONEY_STATUSES
     if target not in TRANSITIONS[state.status] or not (money or state.status in NON_MONEY_SOURCES):
         return _unchanged(Reason.AMOUNT_MISMATCH_IGNORED if mismatch else Reason.IGNORED_BACKWARDS)
@@ -290,12 +321,7 @@ def _refund_reversed(state: OrderState, event: ProviderEvent) -> Decision:
         reversed_refund_ids=state.reversed_refund_ids | {refund_id},
     )
     if state.status is S.REFUNDED:
-        after = (
-            event.occurred_at is not None
-            and state.refunded_at is not None
-            and event.occurred_at > state.refunded_at
-        )
-        if not after:
+        if not _after(event.occurred_at, state.refunded_at):
             return _unchanged(Reason.REVERSAL_BEFORE_REFUND)  # D6
         # The only backward move (SPEC 5): the money came back to the merchant.
         paid = replace(uncounted, status=S.PAID, refunded_at=None)
@@ -306,6 +332,30 @@ def _refund_reversed(state: OrderState, event: ProviderEvent) -> Decision:
         return _unchanged(Reason.REFUND_NOT_COUNTED)  # a duplicate of a recorded reversal
     remembered = replace(state, reversed_refund_ids=state.reversed_refund_ids | {refund_id})
     return Decision(remembered, (), Reason.REFUND_NOT_COUNTED)  # D7
+
+
+def _reversed_at_provider(state: OrderState, event: ProviderEvent, target: OrderStatus) -> bool:
+    """The provider's answer says a REFUNDED order is paid again, and can be believed (D11)."""
+    return (
+        event.checked_at is not None
+        and state.status is S.REFUNDED
+        and target in (S.PAID, S.SETTLED)
+        and _after(event.occurred_at, state.refunded_at)
+        and _after(event.checked_at, state.changed_at)
+    )
+
+
+def _after(moment: datetime | None, than: datetime | None) -> bool:
+    return moment is not None and than is not None and moment > than
+
+
+def agrees(state: OrderState, event: ProviderEvent) -> bool:
+    """Whether the provider's status (a checked event) is the order's own: nothing to ask."""
+    status = event.status or ""
+    target = STATUS_TARGETS.get(status)
+    if status in CHECKED_STATUSES and not _money_matches(state, event):
+        target = S.AMOUNT_MISMATCH
+    return target == state.status
 
 
 def _money_matches(state: OrderState, event: ProviderEvent) -> bool:

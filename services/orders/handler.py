@@ -9,14 +9,16 @@ import orjson
 import structlog
 
 from services.orders.domain import (
+    REFUND_FAILURES,
+    UNDECIDED,
     InvalidEventError,
     OrderState,
-    Reason,
     decide,
     parse_event,
 )
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
+from shared.metrics import OrderMetrics
 from shared.outbox import OutboxRelay
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
@@ -27,10 +29,8 @@ log = structlog.get_logger(__name__)
 
 WORKER = "orders"
 
-NEEDS_ATTENTION = frozenset({Reason.REVERSAL_BEFORE_REFUND, Reason.AMOUNT_MISMATCH_IGNORED})
 
-
-def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
+def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay, metrics: OrderMetrics) -> Handler:
     async def handle(delivery: Delivery) -> str:
         try:
             payload = orjson.loads(delivery.body)
@@ -49,6 +49,10 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
                 conn, WORKER, delivery.message_id, decision.reason
             ):
                 return "skipped_duplicate"
+            if decision.reason in UNDECIDED:  # the reconciler asks the provider at once (D11)
+                await orders_sql.flag_undecided(conn, event.payment_id, decision.reason.value)
+            elif event.checked_at is not None and decision.events:
+                await orders_sql.clear_undecided(conn, event.payment_id, event.checked_at)
             if decision.new_state is not None:
                 new = decision.new_state
                 await orders_sql.save_order_state(
@@ -80,14 +84,18 @@ def make_handler(pool: asyncpg.Pool[Any], relay: OutboxRelay) -> Handler:
                 await outbox_sql.add_to_outbox(
                     conn, transition.message_id, transition.event, transition.encode()
                 )
-        # Decisions the model could not make safely are kept in the safer state and flagged for
-        # an operator (the reconciler re-asks about PENDING, AMOUNT_MISMATCH and PAID orders only).
-        (log.warning if decision.reason in NEEDS_ATTENTION else log.info)(
+        if decision.reason in UNDECIDED:
+            metrics.undecided.labels(reason=decision.reason.value).inc()
+        if event.event_type in REFUND_FAILURES:
+            metrics.refund_failures.labels(event=event.event_type).inc()
+        attention = decision.reason in UNDECIDED or event.event_type in REFUND_FAILURES
+        (log.warning if attention else log.info)(
             "order.decided",
             payment_id=event.payment_id,
             event_type=event.event_type,
             status=event.status,
             reason=decision.reason,
+            refund_id=event.refund_id,
             from_status=state.status.value,
             to_status=(decision.new_state or state).status.value,
         )

@@ -1,12 +1,15 @@
-"""The reconciler: every RECONCILE_INTERVAL, check stale orders against the provider's API
-and repair drift through the orders queue; then delete rows past the retention."""
+"""The reconciler: every RECONCILE_INTERVAL, and at once when the orders worker flags an
+undecided order (PostgreSQL NOTIFY), check orders against the provider's API and repair drift
+through the orders queue; every RECONCILE_INTERVAL, delete rows past the retention."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import asyncpg
 import structlog
 from aiohttp import web
 
@@ -14,9 +17,10 @@ from services.reconciler.jobs import BATCH, housekeeping_once, reconcile_once
 from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
-from shared.db import DB_POOL, pool_ctx
+from shared.db import CONNECT_TIMEOUT_S, DB_POOL, pool_ctx
 from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
 from shared.provider import ProviderClient
+from shared.queries.orders import UNDECIDED_CHANNEL
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
@@ -24,6 +28,29 @@ from shared.web import base_app
 log = structlog.get_logger(__name__)
 
 REQUIRED_ENV = ("XHUB_API_URL", "XHUB_API_KEY")
+
+_RELISTEN_S = 5.0
+_PROBE_S = 30.0
+
+
+async def listen_for_undecided(database_url: str, wake: asyncio.Event) -> None:
+    """Set `wake` whenever an order is flagged undecided; reconnects after a lost connection
+    (meanwhile the loop still runs every RECONCILE_INTERVAL)."""
+    while True:
+        try:
+            conn = await asyncpg.connect(database_url, timeout=CONNECT_TIMEOUT_S)
+            try:
+                await conn.add_listener(UNDECIDED_CHANNEL, lambda *_args: wake.set())
+                wake.set()  # flags raised while nobody listened
+                while True:  # a connection lost without a word fails this probe
+                    await asyncio.sleep(_PROBE_S)
+                    await conn.fetchval("SELECT 1", timeout=CONNECT_TIMEOUT_S)
+            finally:
+                with contextlib.suppress(Exception):
+                    await conn.close(timeout=1)
+        except Exception as e:  # PostgreSQL away: try again, the interval loop goes on
+            log.warning("reconcile.listen_failed", error=repr(e))
+        await asyncio.sleep(_RELISTEN_S)
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -38,9 +65,13 @@ def create_app(settings: Settings) -> web.Application:
     async def loop_ctx(app: web.Application) -> AsyncIterator[None]:
         await client.start()
 
+        wake = asyncio.Event()
+
         async def run() -> None:
             await app[BROKER].wait_connected(float("inf"))
+            swept = float("-inf")
             while True:
+                wake.clear()
                 started = time.monotonic()
                 try:
                     # Full batches: more may be waiting. A pass ends after one interval, so a
@@ -58,13 +89,20 @@ def create_app(settings: Settings) -> web.Application:
                         and time.monotonic() - started < settings.reconcile_interval_s
                     ):
                         pass
-                    await housekeeping_once(app[DB_POOL], settings.retention_days)
+                    if started - swept >= settings.reconcile_interval_s:
+                        await housekeeping_once(app[DB_POOL], settings.retention_days)
+                        swept = started
                 except Exception as e:  # a pass may fail; the reconciler never does
                     log.warning("reconcile.pass_failed", error=repr(e))
-                await asyncio.sleep(settings.reconcile_interval_s)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(settings.reconcile_interval_s):
+                        await wake.wait()
 
         try:
-            async with background(run(), "reconciler"):
+            async with (
+                background(listen_for_undecided(settings.database_url, wake), "undecided-listener"),
+                background(run(), "reconciler"),
+            ):
                 yield
         finally:
             await client.close()

@@ -1,11 +1,13 @@
 """One reconciliation pass and one housekeeping pass (the reconciler's loop runs both).
 
-Webhooks are the fast path, not the source of truth. Orders still undecided (or PAID, not
-yet settled) some time after their last change are checked against the provider's API; where
-the provider knows more, a synthetic `payment.status_changed` (marked `"source":
-"reconciliation"`, with the provider's `updated_at`) goes through the orders queue, so the
-same state machine, idempotency keys and effects apply, and a late real webhook changes
-nothing twice.
+Webhooks are the fast path, not the source of truth. Orders still unresolved (PENDING,
+AMOUNT_MISMATCH; PAID, not yet settled; REFUNDED, whose reversal may be lost) some time after
+their last change, and at once those with an event the state machine could not decide, are
+checked against the provider's API; where the provider knows more, a synthetic
+`payment.status_changed` (marked `"source": "reconciliation"`, with the provider's
+`updated_at` and the `checked_at` of the question) goes through the orders queue, so the same
+state machine, idempotency keys and effects apply, and a late real webhook changes nothing
+twice. An undecided order the provider's answer agrees with is decided again.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncpg
 import orjson
 import structlog
 
-from services.orders.domain import OrderState, ProviderEvent, decide
+from services.orders.domain import OrderState, ProviderEvent, agrees, decide
 from shared.broker import Broker, Outgoing
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ReconcilerMetrics
@@ -47,14 +49,17 @@ _HOUSEKEEPING_BATCH = 1000
 _PUBLISH_TIMEOUT_S = 5.0
 
 
-def synthetic_event(payment: ProviderPayment) -> tuple[str, bytes]:
-    """The event id and body of the provider's current status as a webhook would carry it.
+def synthetic_event(payment: ProviderPayment, checked_at: datetime) -> tuple[str, bytes]:
+    """The event id and body of the provider's current status as a webhook would carry it,
+    with the time it was asked for (services/orders/domain.py D11).
 
-    The id is deterministic: asking twice about an unchanged payment yields the same event,
-    which the orders worker's processed_events key applies once.
+    The id is deterministic for one question: published twice (a retry), the orders worker's
+    processed_events key applies it once. A later question is a new event: the answer may
+    decide what the earlier one, overtaken by a change of the order, could not.
     """
     at = payment.updated_at.astimezone(UTC).isoformat()
-    event_id = f"reconcile:{payment.payment_id}:{payment.status.lower()}:{at}"
+    asked = checked_at.astimezone(UTC).isoformat()
+    event_id = f"reconcile:{payment.payment_id}:{payment.status.lower()}:{at}:{asked}"
     body = orjson.dumps(
         {
             "event": "payment.status_changed",
@@ -64,6 +69,7 @@ def synthetic_event(payment: ProviderPayment) -> tuple[str, bytes]:
             "amount": format(payment.amount, "f"),
             "currency": payment.currency,
             "created_at": at,
+            "checked_at": asked,
             "source": "reconciliation",
         }
     )
@@ -117,6 +123,7 @@ async def reconcile_once(
                 amount=payment.amount,
                 currency=payment.currency,
                 occurred_at=payment.updated_at,
+                checked_at=row["checked_at"],
             )
         except PermanentError as e:
             metrics.checked.labels(result="provider_error").inc()
@@ -124,9 +131,23 @@ async def reconcile_once(
             continue
         decision = decide(state, event)
         if not decision.events:
-            metrics.checked.labels(result="in_sync").inc()
+            if row["undecided_since"] is None:
+                metrics.checked.labels(result="in_sync").inc()
+            elif agrees(state, event):
+                await orders_sql.clear_undecided(pool, payment_id, row["checked_at"])
+                metrics.checked.labels(result="resolved").inc()
+                log.info("reconcile.resolved", payment_id=payment_id, status=state.status.value)
+            else:  # asked again every RECONCILE_INTERVAL; alerted on past a bound
+                metrics.checked.labels(result="undecided").inc()
+                log.warning(
+                    "reconcile.still_undecided",
+                    payment_id=payment_id,
+                    status=state.status.value,
+                    provider_status=payment.status,
+                    provider_amount=str(payment.amount),
+                )
             continue
-        event_id, body = synthetic_event(payment)
+        event_id, body = synthetic_event(payment, row["checked_at"])
         [error] = await broker.publish_many(
             [
                 Outgoing(

@@ -6,7 +6,9 @@ reached by reconciliation). Bonus: BONUS_POINTS while PAID/SETTLED, else 0 (a re
 grant back). Emails: PAID/SETTLED send payment_succeeded; REFUNDED sends payment_refunded, and
 payment_succeeded too only if the order passed through PAID first, which depends on arrival
 order, so it is listed as *optional* (never for a lost payment: reconciliation jumps straight
-to REFUNDED).
+to REFUNDED). Whatever the arrival order, the payment tells one story (`story_problems`, SPEC
+5): its ledger is the one its transitions call for, a success email has a grant, and no
+success email follows the refund email.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from services.bonuses.domain import Transition, entries_for
+from services.email.templates import REFUNDED, SUCCEEDED
 from services.orders.domain import OrderStatus, expected_final_status
 from services.sim.deliverer import DeliveryRecord
 from services.sim.scenario import SimPayment
@@ -129,11 +133,37 @@ def summarize(
     )
 
 
+def story_problems(
+    transitions: Sequence[str], ledger: Sequence[str], emails: Sequence[str]
+) -> list[str]:
+    """Where a payment's ledger and emails tell different stories (SPEC 5), given its order's
+    transitions (to-statuses, oldest first), its ledger's kinds (oldest first) and the
+    templates of the emails sent, in the order they were sent."""
+    found = []
+    history = [Transition(n, status, "") for n, status in enumerate(transitions)]
+    called_for = [e.kind.value for e in entries_for(history)]
+    if list(ledger) != called_for:
+        found.append(
+            f"ledger {list(ledger)} but the transitions {list(transitions)} call for {called_for}"
+        )
+    if SUCCEEDED in emails and "grant" not in ledger:
+        found.append(f"success email without a grant (ledger {list(ledger)})")
+    if (
+        SUCCEEDED in emails
+        and REFUNDED in emails
+        and emails.index(SUCCEEDED) > emails.index(REFUNDED)
+    ):
+        found.append("success email after the refund email")
+    return found
+
+
 def mismatches(
     expectations: Iterable[Expectation], actual: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, str]:
-    """Compare with what payhooks did: `actual[payment_id]` holds `status` (str), `bonus` (int)
-    and `emails` (list of templates, one per email sent). Returns payment id -> what differs."""
+    """Compare with what payhooks did: `actual[payment_id]` holds `status` (str), `bonus` (int),
+    `emails` (list of templates, one per email sent, oldest first) and, for the one-story rule,
+    `transitions` and `ledger` (see `story_problems`; left out: not judged). Returns payment
+    id -> what differs."""
     problems: dict[str, str] = {}
     for e in expectations:
         got = actual.get(e.payment_id)
@@ -151,20 +181,27 @@ def mismatches(
         sent = set(emails)
         if not set(e.emails) <= sent or not sent <= set(e.emails) | set(e.optional_emails):
             why.append(f"emails {sorted(sent)} vs {list(e.emails)} [{list(e.optional_emails)}]")
+        if "transitions" in got and "ledger" in got:
+            why.extend(story_problems(got["transitions"], got["ledger"], emails))
         if why:
             problems[e.payment_id] = "; ".join(why)
     return problems
 
 
 async def actual_effects(db: Executor, payment_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """What payhooks recorded per payment: order status, bonus balance, emails sent."""
+    """What payhooks recorded per payment: order status and transitions, bonus balance and
+    ledger, emails sent."""
     statuses = await orders_sql.statuses(db, payment_ids)
+    transitions = await orders_sql.transition_statuses(db, payment_ids)
     balances = await ledger_sql.balances(db, payment_ids)
+    ledgers = await ledger_sql.kinds(db, payment_ids)
     sent = await emails_sql.templates_sent(db, payment_ids)
     return {
         payment_id: {
             "status": status,
+            "transitions": transitions.get(payment_id, []),
             "bonus": balances.get(payment_id, 0),
+            "ledger": ledgers.get(payment_id, []),
             "emails": sent.get(payment_id, []),
         }
         for payment_id, status in statuses.items()

@@ -1,4 +1,4 @@
-"""Customer emails sent: at most one per (payment, template)."""
+"""Customer emails sent (or skipped): at most one record per (payment, template)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,65 @@ import asyncpg
 from shared.db import Executor
 
 
-async def record_email(
-    conn: Executor, payment_id: str, template: str, message_id: str, recipient: str, event_id: str
-) -> bool:
-    """Claim the (payment, template) send; False if it was already sent (or is being sent).
+async def lock_payment_emails(conn: Executor, payment_id: str) -> None:
+    """Until the transaction ends, no other email of this payment is decided or sent, so a
+    payment's emails leave in the order they were decided (hash collisions only serialize)."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('emails:' || $1, 0))", payment_id
+    )
 
-    A concurrent claim of the same key waits on the unique index until this transaction ends.
-    """
+
+async def is_recorded(conn: Executor, payment_id: str, template: str) -> bool:
+    found = await conn.fetchval(
+        "SELECT true FROM emails_sent WHERE payment_id = $1 AND template = $2",
+        payment_id,
+        template,
+    )
+    return found is True
+
+
+async def record_email(
+    conn: Executor,
+    payment_id: str,
+    template: str,
+    message_id: str,
+    recipient: str,
+    event_id: str,
+    *,
+    skipped: bool = False,
+) -> bool:
+    """Claim the (payment, template) send, or record it as skipped; False if it was already
+    sent, skipped, or is being sent (a concurrent claim of the same key waits on the unique
+    index until this transaction ends). sent_at is the time of the claim, under the payment's
+    lock, so it orders a payment's emails as they were sent."""
     row = await conn.fetchval(
-        "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id)"
-        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+        "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id,"
+        " skipped, sent_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 THEN NULL ELSE clock_timestamp() END)"
+        " ON CONFLICT DO NOTHING RETURNING true",
         payment_id,
         template,
         message_id,
         recipient,
         event_id,
+        skipped,
     )
     return row is True
 
 
 async def emails_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT template, message_id, recipient, sent_at FROM emails_sent"
-        " WHERE payment_id = $1 ORDER BY sent_at",
+        "SELECT template, message_id, recipient, sent_at, skipped FROM emails_sent"
+        " WHERE payment_id = $1 ORDER BY sent_at NULLS LAST",
         payment_id,
     )
 
 
 async def templates_sent(conn: Executor, payment_ids: Sequence[str]) -> dict[str, list[str]]:
-    """payment id -> the templates sent for it (one entry per email row)."""
+    """payment id -> the templates sent for it, oldest first (skipped ones left out)."""
     rows = await conn.fetch(
         "SELECT payment_id, template FROM emails_sent WHERE payment_id = ANY($1::text[])"
-        " ORDER BY sent_at",
+        " AND NOT skipped ORDER BY sent_at",
         list(payment_ids),
     )
     sent: dict[str, list[str]] = {}

@@ -1,4 +1,4 @@
-"""The bonus ledger: at most one grant, clawback and restore per payment."""
+"""The bonus ledger: one entry per order transition that earns or takes back points."""
 
 from __future__ import annotations
 
@@ -9,30 +9,34 @@ import asyncpg
 from shared.db import Executor
 
 
-async def ledger_kinds(conn: Executor, payment_id: str) -> set[str]:
-    rows = await conn.fetch("SELECT kind FROM bonus_ledger WHERE payment_id = $1", payment_id)
-    return {r["kind"] for r in rows}
-
-
-async def add_ledger_entry(
-    conn: Executor, payment_id: str, user_id: str, kind: str, points: int, event_id: str
-) -> bool:
-    """Insert an entry; False if that (payment, kind) already exists."""
-    row = await conn.fetchval(
-        "INSERT INTO bonus_ledger (payment_id, user_id, kind, points, event_id)"
-        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (payment_id, kind) DO NOTHING RETURNING true",
+async def add_ledger_entries(
+    conn: Executor,
+    payment_id: str,
+    user_id: str,
+    entries: Sequence[tuple[int, str, int, str]],
+) -> list[int]:
+    """Insert (transition id, kind, points, event id) entries; return the transition ids of
+    those added. An entry already there for its transition (or a second grant) is skipped."""
+    rows = await conn.fetch(
+        "INSERT INTO bonus_ledger (payment_id, user_id, transition_id, kind, points, event_id)"
+        " SELECT $1, $2, e.transition_id, e.kind, e.points, e.event_id"
+        " FROM unnest($3::bigint[], $4::text[], $5::int[], $6::text[])"
+        " AS e(transition_id, kind, points, event_id)"
+        " ON CONFLICT DO NOTHING RETURNING transition_id",
         payment_id,
         user_id,
-        kind,
-        points,
-        event_id,
+        [e[0] for e in entries],
+        [e[1] for e in entries],
+        [e[2] for e in entries],
+        [e[3] for e in entries],
     )
-    return row is True
+    return [r["transition_id"] for r in rows]
 
 
 async def ledger_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT payment_id, user_id, kind, points, event_id, created_at FROM bonus_ledger"
+        "SELECT payment_id, user_id, kind, points, event_id, transition_id, created_at"
+        " FROM bonus_ledger"
         " WHERE payment_id = $1 ORDER BY id",
         payment_id,
     )
@@ -54,3 +58,16 @@ async def balances(conn: Executor, payment_ids: Sequence[str]) -> dict[str, int]
         list(payment_ids),
     )
     return {r["payment_id"]: int(r["points"]) for r in rows}
+
+
+async def kinds(conn: Executor, payment_ids: Sequence[str]) -> dict[str, list[str]]:
+    """payment id -> its ledger's entry kinds, oldest first."""
+    rows = await conn.fetch(
+        "SELECT payment_id, kind FROM bonus_ledger WHERE payment_id = ANY($1::text[])"
+        " ORDER BY transition_id, id",
+        list(payment_ids),
+    )
+    found: dict[str, list[str]] = {}
+    for r in rows:
+        found.setdefault(r["payment_id"], []).append(r["kind"])
+    return found

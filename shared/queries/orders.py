@@ -28,7 +28,8 @@ class OrderConflictError(Exception):
 
 _ORDER_COLUMNS = (
     "order_id, payment_id, user_id, email, amount, currency, status, refunded_amount,"
-    " refunded_at, refund_ids, reversed_refund_ids, created_at, updated_at"
+    " refunded_at, refund_ids, reversed_refund_ids, created_at, updated_at, undecided_since,"
+    " undecided_reason"
 )
 
 
@@ -110,11 +111,42 @@ async def add_transition(
     )
 
 
-async def order_status_for_update(conn: Executor, payment_id: str) -> asyncpg.Record | None:
-    """The order's status and user, locked: one bonus decision per payment at a time."""
-    return await conn.fetchrow(
-        "SELECT status, user_id FROM orders WHERE payment_id = $1 FOR UPDATE", payment_id
+# The reconciler listens on this channel: an undecided order is asked about at once.
+UNDECIDED_CHANNEL = "payhooks_undecided"
+
+
+async def flag_undecided(conn: Executor, payment_id: str, reason: str) -> None:
+    """The model could not decide an event of this order: due for the reconciler now (and it
+    is woken up when the transaction commits)."""
+    await conn.execute(
+        "UPDATE orders SET undecided_since = coalesce(undecided_since, now()),"
+        " undecided_at = now(), undecided_reason = $2, next_check_at = now()"
+        " WHERE payment_id = $1",
+        payment_id,
+        reason,
     )
+    await conn.execute("SELECT pg_notify($1, $2)", UNDECIDED_CHANNEL, payment_id)
+
+
+async def clear_undecided(conn: Executor, payment_id: str, asked_at: datetime) -> None:
+    """The provider's answer, sought at `asked_at`, settled the order: unless another
+    undecidable event came after that, it is decided again."""
+    await conn.execute(
+        "UPDATE orders SET undecided_since = NULL, undecided_at = NULL, undecided_reason = NULL"
+        " WHERE payment_id = $1 AND undecided_at <= $2",
+        payment_id,
+        asked_at,
+    )
+
+
+async def undecided_backlog(conn: Executor) -> tuple[int, float]:
+    """How many orders are undecided, and the age in seconds of the oldest (0 if none)."""
+    row = await conn.fetchrow(
+        "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - min(undecided_since)), 0)"
+        " AS oldest FROM orders WHERE undecided_since IS NOT NULL"
+    )
+    assert row is not None
+    return int(row["n"]), float(row["oldest"])
 
 
 async def order_for_payment(conn: Executor, payment_id: str) -> asyncpg.Record | None:
@@ -129,36 +161,40 @@ async def order_by_id(conn: Executor, order_id: str) -> asyncpg.Record | None:
 
 async def transitions_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT from_status, to_status, event_id, at FROM order_transitions"
+        "SELECT id, from_status, to_status, event_id, at FROM order_transitions"
         " WHERE payment_id = $1 ORDER BY id",
         payment_id,
     )
 
 
 # Due: never asked and unchanged for `after` seconds, or past the next_check_at the last claim
-# set. A claim sets next_check_at `again` seconds ahead for undecided orders changed within the
-# last day, `slow_again` ahead otherwise (PAID ones, old ones): bounded calls for payments that
-# never settle or never resolve. Nothing older than `horizon` (the provider's 30-day retry
-# ceiling) is asked about. A PAID order that had a refund reversed is left alone: whether the
-# provider then says "paid" or still "refunded" is not in its contract.
+# set (an undecided order is due at once: its flag sets next_check_at to now). A claim sets
+# next_check_at `again` seconds ahead for undecided orders and for unsettled ones changed within
+# the last day, `slow_again` ahead otherwise (PAID and REFUNDED ones, old ones): bounded calls
+# for payments that never settle or never resolve. Nothing older than `horizon` (the provider's
+# 30-day retry ceiling) is asked about unless undecided. A PAID order that had a refund
+# reversed is left alone: whether the provider then says "paid" or still "refunded" is not in
+# its contract. `checked_at` (the claim's time) is when the provider's answer was sought.
 _CLAIM_STALE = """
 UPDATE orders SET
     reconciled_at = now(),
     next_check_at = now() + make_interval(secs => CASE
-        WHEN status = 'PAID' OR updated_at < now() - interval '1 day' THEN $4::float8
+        WHEN undecided_since > now() - interval '1 day' THEN $2::float8
+        WHEN status IN ('PAID', 'REFUNDED') OR updated_at < now() - interval '1 day' THEN $4::float8
         ELSE $2::float8 END)
 WHERE payment_id IN (
     SELECT payment_id FROM orders
-    WHERE status IN ('PENDING', 'AMOUNT_MISMATCH', 'PAID')
+    WHERE (status IN ('PENDING', 'AMOUNT_MISMATCH', 'PAID', 'REFUNDED')
+           OR undecided_since IS NOT NULL)
       AND ((next_check_at IS NULL AND updated_at < now() - make_interval(secs => $1))
            OR next_check_at <= now())
-      AND updated_at > now() - make_interval(secs => $5)
-      AND (status <> 'PAID' OR reversed_refund_ids = '{}')
+      AND (updated_at > now() - make_interval(secs => $5) OR undecided_since IS NOT NULL)
+      AND (status <> 'PAID' OR reversed_refund_ids = '{}' OR undecided_since IS NOT NULL)
     ORDER BY next_check_at NULLS FIRST, updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
 RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, refund_ids,
-          reversed_refund_ids
+          reversed_refund_ids, updated_at, undecided_since, reconciled_at AS checked_at
 """
 
 
@@ -194,6 +230,19 @@ async def statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, str]
         list(payment_ids),
     )
     return {r["payment_id"]: r["status"] for r in rows}
+
+
+async def transition_statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, list[str]]:
+    """payment id -> the statuses its order moved to, oldest first."""
+    rows = await conn.fetch(
+        "SELECT payment_id, to_status FROM order_transitions"
+        " WHERE payment_id = ANY($1::text[]) ORDER BY id",
+        list(payment_ids),
+    )
+    found: dict[str, list[str]] = {}
+    for r in rows:
+        found.setdefault(r["payment_id"], []).append(r["to_status"])
+    return found
 
 
 async def reconciled_transitions(conn: Executor, payment_ids: Sequence[str]) -> int:

@@ -35,10 +35,6 @@ BONUS_POINTS = 500
 _SAMPLE_S = 0.25
 _MONITOR_WAIT_S = 40.0  # the api's monitor refreshes every 15 s
 _LATE_DOUBLES_S = 3.0  # after every payment is right, how long to watch for a late second email
-# One-story breaks (SPEC 5: a success email without a grant, ...) are issue 11's ledger rule,
-# not a fault's doing (they happen without faults too): reported, and failing a round once
-# that rule is in.
-STORY_FAILS = False
 
 
 @dataclass
@@ -62,7 +58,7 @@ class RoundResult:
 
     @property
     def passed(self) -> bool:
-        wrong = sum(n for c, n in self.classes.items() if STORY_FAILS or c != "story")
+        wrong = sum(self.classes.values())
         return (
             self.error is None
             and self.payments > 0

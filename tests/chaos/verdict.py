@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from services.sim.summary import Expectation
+from services.sim.summary import Expectation, story_problems
 from tests.chaos.stack import Mail
 
 CLASSES = ("lost", "doubled", "state", "story")
@@ -29,9 +29,10 @@ class Observed:
     """What payhooks did for one payment."""
 
     status: str | None
+    transitions: tuple[str, ...]  # the statuses the order moved to, in order
     ledger: tuple[str, ...]  # kinds, in order
     bonus: int
-    emails: tuple[str, ...]  # templates recorded as sent
+    emails: tuple[str, ...]  # templates recorded as sent (not skipped)
     smtp: Mapping[str, int]  # template -> SMTP messages received
     smtp_order: tuple[str, ...]  # templates in the order the SMTP server received them
 
@@ -49,18 +50,8 @@ def problems(expected: Expectation, seen: Observed) -> dict[str, str]:
         found["doubled"] = f"smtp copies {doubled}; bonus {seen.bonus} vs {expected.bonus}"
     allowed = set(expected.emails) | set(expected.optional_emails)
     unexpected = [t for t in seen.smtp if t not in allowed]
-    story = []
-    if unexpected:
-        story.append(f"unexpected emails {unexpected}")
-    if "payment_succeeded" in seen.smtp and "grant" not in seen.ledger:
-        story.append(f"success email without a grant (ledger {list(seen.ledger)})")
-    order = seen.smtp_order
-    if (
-        "payment_refunded" in order
-        and "payment_succeeded" in order
-        and order.index("payment_succeeded") > order.index("payment_refunded")
-    ):
-        story.append("success email after the refund email")
+    story = [f"unexpected emails {unexpected}"] if unexpected else []
+    story += story_problems(seen.transitions, seen.ledger, seen.smtp_order)
     if story:
         found["story"] = "; ".join(story)
     return found
@@ -88,12 +79,14 @@ async def observe(
         rows = await conn.fetch(
             """
             SELECT o.payment_id, o.status,
-                   coalesce((SELECT array_agg(kind ORDER BY id) FROM bonus_ledger b
+                   coalesce((SELECT array_agg(to_status ORDER BY id) FROM order_transitions t
+                             WHERE t.payment_id = o.payment_id), '{}') AS transitions,
+                   coalesce((SELECT array_agg(kind ORDER BY transition_id, id) FROM bonus_ledger b
                              WHERE b.payment_id = o.payment_id), '{}') AS ledger,
                    coalesce((SELECT sum(points) FROM bonus_ledger b
                              WHERE b.payment_id = o.payment_id), 0) AS bonus,
-                   coalesce((SELECT array_agg(template) FROM emails_sent e
-                             WHERE e.payment_id = o.payment_id), '{}') AS emails
+                   coalesce((SELECT array_agg(template ORDER BY sent_at) FROM emails_sent e
+                             WHERE e.payment_id = o.payment_id AND NOT skipped), '{}') AS emails
             FROM orders o WHERE o.payment_id = ANY($1::text[])
             """,
             list(payment_ids),
@@ -104,6 +97,7 @@ async def observe(
     for r in rows:
         found[r["payment_id"]] = Observed(
             status=r["status"],
+            transitions=tuple(r["transitions"]),
             ledger=tuple(r["ledger"]),
             bonus=int(r["bonus"]),
             emails=tuple(r["emails"]),

@@ -177,7 +177,8 @@ async def effects(db: Any, payment_id: str) -> dict[str, Any]:
         "SELECT kind, points FROM bonus_ledger WHERE payment_id = $1 ORDER BY id", payment_id
     )
     emails = await db.fetch(
-        "SELECT template FROM emails_sent WHERE payment_id = $1 ORDER BY template", payment_id
+        "SELECT template FROM emails_sent WHERE payment_id = $1 AND NOT skipped ORDER BY template",
+        payment_id,
     )
     return {
         "status": order["status"] if order is not None else None,

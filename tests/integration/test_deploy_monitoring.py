@@ -71,8 +71,14 @@ CONTRACT: dict[str, dict[str, Metric]] = {
         "payhooks_queue_oldest_message_age_seconds": Metric("gauge", ("queue",)),
         "payhooks_outbox_backlog": Metric("gauge"),
         "payhooks_inbox_unpublished": Metric("gauge"),
+        "payhooks_orders_undecided": Metric("gauge"),
+        "payhooks_orders_undecided_oldest_seconds": Metric("gauge"),
     },
-    "orders": _WORKER_METRICS,
+    "orders": {
+        **_WORKER_METRICS,
+        "payhooks_orders_undecided_events_total": Metric("counter", ("reason",)),
+        "payhooks_refund_failures_total": Metric("counter", ("event",)),
+    },
     "bonuses": {
         **_WORKER_METRICS,
         "payhooks_bonus_points_granted_total": Metric("counter"),
@@ -81,6 +87,7 @@ CONTRACT: dict[str, dict[str, Metric]] = {
     "email": {
         **_WORKER_METRICS,
         "payhooks_emails_sent_total": Metric("counter", ("template",)),
+        "payhooks_emails_skipped_total": Metric("counter", ("template",)),
     },
     "reconciler": {
         "payhooks_reconcile_repairs_total": Metric("counter", ("from", "to")),
@@ -118,6 +125,11 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("payhooks_bonus_entries_total", "kind"): frozenset(("grant", "clawback", "restore")),
     ("payhooks_emails_sent_total", "template"): frozenset(
         ("payment_succeeded", "payment_refunded")
+    ),
+    ("payhooks_emails_skipped_total", "template"): frozenset(("payment_succeeded",)),
+    ("payhooks_refund_failures_total", "event"): frozenset(("refund.failed", "refund.rejected")),
+    ("payhooks_orders_undecided_events_total", "reason"): frozenset(
+        ("reversal_before_refund", "amount_mismatch_ignored", "currency_mismatch")
     ),
 }
 

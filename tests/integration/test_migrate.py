@@ -208,3 +208,59 @@ async def test_a_service_is_not_ready_until_its_schema_is_migrated(
 
     ready = await client.get("/readyz")
     assert ready.status == 200
+
+
+async def test_one_story_migration_ties_the_old_ledger_rows_to_their_transitions(
+    fresh_dsn: FreshDsn,
+) -> None:
+    """A database written under the old (payment, kind) ledger: 007 ties each row to the
+    transition the new rule gives it, so the bonus worker's replay adds only what is missing
+    (here the second clawback of refund -> reversal -> refund, which the old key had no room
+    for)."""
+    dsn = await fresh_dsn()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for m in load_migrations():
+            if m.version < 7:
+                await conn.execute(m.sql)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                    m.version,
+                    m.name,
+                )
+        await conn.execute(
+            "INSERT INTO order_transitions (payment_id, from_status, to_status, event_id) VALUES"
+            " ('p', 'PENDING', 'PAID', 'e1'), ('p', 'PAID', 'REFUNDED', 'e2'),"
+            " ('p', 'REFUNDED', 'PAID', 'e3'), ('p', 'PAID', 'REFUNDED', 'e4'),"
+            " ('q', 'PENDING', 'SETTLED', 'e5')"
+        )
+        await conn.execute(
+            "INSERT INTO bonus_ledger (payment_id, user_id, kind, points, event_id) VALUES"
+            " ('p', 'u', 'grant', 500, 'm1'), ('p', 'u', 'clawback', -500, 'm2'),"
+            " ('p', 'u', 'restore', 500, 'm3'), ('q', 'u', 'grant', 500, 'm5')"
+        )
+        assert [m.split("_", 1)[0] for m in await migrate(dsn)] == [
+            m.split("_", 1)[0] for m in MIGRATIONS if int(m.split("_", 1)[0]) >= 7
+        ]
+        rows = await conn.fetch(
+            "SELECT b.payment_id, b.kind, t.event_id FROM bonus_ledger b"
+            " JOIN order_transitions t ON t.id = b.transition_id ORDER BY b.id"
+        )
+        assert [tuple(r) for r in rows] == [
+            ("p", "grant", "e1"),
+            ("p", "clawback", "e2"),
+            ("p", "restore", "e3"),
+            ("q", "grant", "e5"),
+        ]
+        with pytest.raises(asyncpg.UniqueViolationError):  # one grant per payment, still
+            await conn.execute(
+                "INSERT INTO bonus_ledger (payment_id, user_id, kind, points, event_id,"
+                " transition_id) SELECT 'p', 'u', 'grant', 500, 'mx', id FROM order_transitions"
+                " WHERE event_id = 'e4'"
+            )
+    finally:
+        await conn.close()

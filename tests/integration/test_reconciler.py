@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
+from services.reconciler.app import create_app as reconciler_service
 from services.reconciler.jobs import reconcile_once
 from shared.broker import Broker
 from shared.config import Settings
@@ -21,11 +22,13 @@ from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.provider import ProviderClient, ProviderPolicy
 from shared.queries import orders as orders_sql
 from shared.topology import Topology
+from shared.web import REGISTRY
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
     effects,
     post,
+    quiescent,
     register,
     start_system,
     system_settings,
@@ -365,3 +368,192 @@ async def test_the_synthetic_event_carries_the_provider_amount_and_status_exactl
         "SELECT coalesce(sum(points), 0) FROM bonus_ledger WHERE payment_id = 'pay_exact'"
     )
     assert bonus == (500 if expected == "PAID" else 0)
+
+
+# --- refunds the webhooks left wrong, and events the state machine could not decide ----------
+
+REFUNDED_AT = "2026-11-30T11:00:00+00:00"
+
+
+async def refunded_order(system: Any, db: Any, payment_id: str) -> None:
+    """An order paid, then refunded at REFUNDED_AT (provider time), with both effects done."""
+    await register(db, payment_id)
+    await post(system.ingest, payment_event(payment_id, "paid"))
+    await post(system.ingest, payment_event(payment_id, "refunded", created_at=REFUNDED_AT))
+    await quiescent(db, system)
+    assert (await effects(db, payment_id))["ledger"] == ["grant", "clawback"]
+
+
+async def test_refunded_order_whose_reversal_webhook_was_lost_is_paid_again_with_its_bonus(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    provider: FakeProvider,
+    reconciler: Any,
+) -> None:
+    """The provider reversed the refund (its payment says paid again, changed after the
+    refund); the refund.reversed webhook never came. REFUNDED orders are asked about too."""
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
+    )
+    await refunded_order(system, db, "pay_reversal_lost")
+    await make_stale(db, "pay_reversal_lost")
+    provider.set("pay_reversal_lost", "paid")  # updated now: after the refund
+
+    await reconciler()
+
+    paid_again = {
+        "status": "PAID",
+        "bonus": 500,
+        "ledger": ["grant", "clawback", "restore"],
+        "emails": ["payment_refunded", "payment_succeeded"],
+    }
+    assert await eventually(lambda: effects(db, "pay_reversal_lost"), lambda e: e == paid_again)
+    repairs = reconciler.registry.get_sample_value(
+        "payhooks_reconcile_repairs_total", {"from": "REFUNDED", "to": "PAID"}
+    )
+    assert repairs == 1
+
+
+async def test_a_provider_still_paid_from_before_the_refund_leaves_a_refunded_order(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    provider: FakeProvider,
+    reconciler: Any,
+) -> None:
+    """A provider whose payment status does not follow refunds says "paid" with a time before
+    the refund: no evidence of a reversal, the order stays REFUNDED."""
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
+    )
+    await refunded_order(system, db, "pay_still_paid")
+    await make_stale(db, "pay_still_paid")
+    provider.set("pay_still_paid", "paid")
+    provider.payments["pay_still_paid"]["updated_at"] = "2026-11-30T10:00:00+00:00"
+
+    assert await reconciler() == 1
+    await asyncio.sleep(0.5)  # a repair, had one been sent, would have been applied
+    assert (await effects(db, "pay_still_paid"))["status"] == "REFUNDED"
+    in_sync = reconciler.registry.get_sample_value(
+        "payhooks_reconcile_checked_total", {"result": "in_sync"}
+    )
+    assert in_sync == 1
+
+
+@pytest.fixture
+async def reconciler_app(
+    aiohttp_client: Any, make_settings: Any, provider: FakeProvider, smtp: tuple[SmtpSink, int]
+) -> Any:
+    """The reconciler service itself, whose interval is far too long to matter: only the
+    orders worker's flag can make it ask about an order during the test."""
+    settings = make_settings(
+        XHUB_API_URL=provider.url, XHUB_API_KEY=API_KEY, RECONCILE_INTERVAL="3600"
+    )
+    return await aiohttp_client(reconciler_service(settings))
+
+
+async def undecided(db: Any, payment_id: str) -> Any:
+    return await db.fetchrow(
+        "SELECT status, undecided_since, undecided_reason FROM orders WHERE payment_id = $1",
+        payment_id,
+    )
+
+
+@pytest.mark.parametrize(
+    ("provider_says", "final", "ledger"),
+    [
+        ("refunded", "REFUNDED", ["grant", "clawback"]),  # the model's safe choice was right
+        ("paid", "PAID", ["grant", "clawback", "restore"]),  # the refund was reversed
+    ],
+)
+async def test_a_reversal_not_provably_after_the_refund_is_asked_about_at_once(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    provider: FakeProvider,
+    reconciler_app: Any,
+    provider_says: str,
+    final: str,
+    ledger: list[str],
+) -> None:
+    """Seed 004: "if the state can't be determined, ask the provider". A refund.reversed
+    dated before the refund that made the order REFUNDED is undecidable (D6): the order stays
+    REFUNDED, is flagged, and the reconciler asks at once (not at its next interval); the
+    answer decides, and the flag goes."""
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
+    )
+    payment_id = f"pay_undecided_{provider_says}"
+    await refunded_order(system, db, payment_id)
+    provider.set(payment_id, provider_says)  # updated now: after the refund
+    reversal = {
+        "event": "refund.reversed",
+        "payment_id": payment_id,
+        "refund_id": "r-early",
+        "amount": "100.00",
+        "currency": "USD",
+        "created_at": "2026-11-30T10:30:00+00:00",  # before REFUNDED_AT
+    }
+    await post(system.ingest, reversal)
+
+    assert await eventually(lambda: asyncio.sleep(0, provider.asked), lambda a: payment_id in a)
+    row = await eventually(
+        lambda: undecided(db, payment_id), lambda r: r["undecided_since"] is None, timeout_s=10
+    )
+    assert row["status"] == final
+    assert await eventually(lambda: effects(db, payment_id), lambda e: e["ledger"] == ledger)
+    orders_registry = system.clients["orders"][0].app[REGISTRY]
+    assert (
+        orders_registry.get_sample_value(
+            "payhooks_orders_undecided_events_total", {"reason": "reversal_before_refund"}
+        )
+        == 1
+    )
+
+
+async def test_an_undecided_order_the_provider_cannot_settle_stays_flagged(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    provider: FakeProvider,
+    reconciler_app: Any,
+) -> None:
+    """A paid of the wrong amount on a PAID order (D2), and a provider that also says the
+    wrong amount: nothing the model may do on its own; the order stays PAID and flagged (the
+    PayhooksOrderUndecided alert ages it) and the payment view says so."""
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
+    )
+    payment_id = "pay_undecided_amount"
+    await register(db, payment_id)
+    await post(system.ingest, payment_event(payment_id, "paid"))
+    await quiescent(db, system)
+    provider.set(payment_id, "paid", amount="90.00")
+    await post(system.ingest, payment_event(payment_id, "settled", amount="90.00"))
+
+    assert await eventually(lambda: asyncio.sleep(0, provider.asked), lambda a: payment_id in a)
+    await asyncio.sleep(0.3)
+    row = await undecided(db, payment_id)
+    assert (row["status"], row["undecided_reason"]) == ("PAID", "amount_mismatch_ignored")
+    assert row["undecided_since"] is not None
+    registry = reconciler_app.app[REGISTRY]
+    assert await eventually(
+        lambda: asyncio.sleep(
+            0,
+            registry.get_sample_value("payhooks_reconcile_checked_total", {"result": "undecided"}),
+        ),
+        lambda v: v == 1,
+    )

@@ -29,7 +29,7 @@ from services.orders.handler import make_handler as orders_handler
 from shared.broker import Broker, to_message
 from shared.config import Settings
 from shared.db import create_pool
-from shared.metrics import WorkerMetrics
+from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
 from shared.outbox import OutboxRelay
 from shared.topology import Topology, declare
 from shared.worker import Delivery, Handler, Worker
@@ -468,7 +468,7 @@ async def test_transition_committed_but_never_published_is_published_once_by_the
     pool = await create_pool(effect_settings.database_url, max_size=2)
     try:
         relay = OutboxRelay(pool, Broker(effect_settings.amqp_url, topology))
-        handle = orders_handler(pool, relay)
+        handle = orders_handler(pool, relay, OrderMetrics.create(new_registry()))
         body = orjson.dumps(payment_event(payment_id, "paid"))
         outcome = await handle(Delivery(event_id, "payment.status_changed", body, attempts=0))
     finally:

@@ -22,6 +22,7 @@ def refunded(payment_id: str = "p1") -> Expectation:
 
 def seen(
     status: str = "REFUNDED",
+    transitions: tuple[str, ...] = ("PAID", "REFUNDED"),
     ledger: tuple[str, ...] = ("grant", "clawback"),
     bonus: int = 0,
     smtp_order: tuple[str, ...] = ("payment_succeeded", "payment_refunded"),
@@ -29,6 +30,7 @@ def seen(
 ) -> Observed:
     return Observed(
         status=status,
+        transitions=transitions,
         ledger=ledger,
         bonus=bonus,
         emails=smtp_order,
@@ -54,6 +56,19 @@ def test_a_success_email_without_a_grant_breaks_the_story() -> None:
     found = problems(refunded(), seen(ledger=()))
     assert set(found) == {"story"}
     assert "without a grant" in found["story"]
+
+
+def test_a_refund_the_order_saw_before_its_payment_needs_no_success_email_nor_grant() -> None:
+    alone = seen(transitions=("REFUNDED",), ledger=(), smtp_order=("payment_refunded",))
+    assert problems(refunded(), alone) == {}
+
+
+def test_a_ledger_that_misses_a_transition_breaks_the_story() -> None:
+    again = ("PAID", "REFUNDED", "PAID", "REFUNDED")
+    short = ("grant", "clawback", "restore")
+    found = problems(refunded(), seen(transitions=again, ledger=short, bonus=500))
+    assert set(found) == {"story", "doubled"}  # net 500 where 0 is due: also one bonus too many
+    assert "call for ['grant', 'clawback', 'restore', 'clawback']" in found["story"]
 
 
 def test_a_success_email_after_the_refund_email_breaks_the_story() -> None:

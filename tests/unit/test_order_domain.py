@@ -13,7 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.orders.domain import (
+    STATUS_TARGETS,
     TRANSITIONS,
+    UNDECIDED,
     Decision,
     DomainEvent,
     InvalidEventError,
@@ -21,6 +23,7 @@ from services.orders.domain import (
     OrderStatus,
     ProviderEvent,
     Reason,
+    agrees,
     decide,
     expected_final_status,
     parse_event,
@@ -196,7 +199,8 @@ def test_transitions_are_the_spec_forward_moves() -> None:
         (REF, "reversed_after", Reason.REFUND_REVERSED),
         (REF, "reversed_before", Reason.REVERSAL_BEFORE_REFUND),
         (PAI, "reversed_after", Reason.REFUND_NOT_COUNTED),
-        (PAI, "refund_rejected", Reason.IGNORED_EVENT),
+        (PAI, "refund_rejected", Reason.REFUND_REJECTED),
+        (REF, "refund_failed", Reason.REFUND_FAILED),
         (PAI, "unknown_type", Reason.IGNORED_EVENT),
     ],
 )
@@ -520,3 +524,97 @@ def test_refunded_amount_stays_between_zero_and_the_order_amount(
         state = decision.new_state or state
         assert Decimal(0) <= state.refunded_amount <= state.amount
         assert state.status is REF or state.refunded_at is None
+
+
+# --- D11: what the model can't decide, the provider's answer decides ---------------------
+
+CHANGED_AT = REFUNDED_AT + timedelta(minutes=1)  # when we made the order REFUNDED (our clock)
+
+
+def answer(
+    status: str, updated_at: datetime, checked_at: datetime | None, amount: str = "100.00"
+) -> ProviderEvent:
+    """The provider's GET /payments/:id as the reconciler feeds it back: seen at checked_at."""
+    return replace(status_event(status, amount), occurred_at=updated_at, checked_at=checked_at)
+
+
+def refunded_order() -> OrderState:
+    return replace(order(REF), changed_at=CHANGED_AT)
+
+
+@pytest.mark.parametrize("status", ["paid", "settled"])
+def test_the_provider_saying_paid_after_the_refund_takes_a_refunded_order_back(
+    status: str,
+) -> None:
+    decision = decide(refunded_order(), answer(status, AFTER, checked_at=AFTER))
+    assert decision.reason is Reason.REVERSED_AT_PROVIDER
+    assert decision.new_state is not None
+    assert decision.new_state.status is STATUS_TARGETS[status]
+    assert (decision.new_state.refunded_amount, decision.new_state.refunded_at) == (0, None)
+    assert decision.new_state.refund_ids == order(REF).refund_ids  # a late refund.completed
+    assert [e.name for e in decision.events] == [f"order.{status}"]  # of them counts nothing
+
+
+@pytest.mark.parametrize(
+    ("updated_at", "checked_at", "why"),
+    [
+        (BEFORE, AFTER, "the provider's payment last changed before the refund"),
+        (AFTER, REFUNDED_AT, "the order changed after the provider was asked"),
+        (None, AFTER, "the provider gave no time"),
+    ],
+)
+def test_an_answer_that_does_not_prove_the_reversal_leaves_a_refunded_order(
+    updated_at: datetime | None, checked_at: datetime, why: str
+) -> None:
+    event = replace(answer("paid", AFTER, checked_at), occurred_at=updated_at)
+    decision = decide(refunded_order(), event)
+    assert decision.new_state is None, why
+    assert not decision.events, why
+
+
+def test_a_webhook_saying_paid_never_takes_a_refunded_order_back() -> None:
+    decision = decide(refunded_order(), status_event("paid"))  # no checked_at: a webhook
+    assert decision.reason is Reason.IGNORED_BACKWARDS
+
+
+def test_a_wrong_amount_answer_never_takes_a_refunded_order_back() -> None:
+    decision = decide(refunded_order(), answer("paid", AFTER, AFTER, amount="99.00"))
+    assert decision.new_state is None
+
+
+def test_undecided_events_are_the_ones_the_provider_is_asked_about() -> None:
+    assert decide(order(REF), EVENTS["reversed_before"]).reason in UNDECIDED
+    assert decide(order(PAI), EVENTS["settled_wrong_amount"]).reason in UNDECIDED
+    assert decide(order(PAI), EVENTS["paid"]).reason not in UNDECIDED
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "amount", "agreed"),
+    [
+        (REF, "refunded", "100.00", True),
+        (REF, "paid", "100.00", False),
+        (PAI, "paid", "100.00", True),
+        (PAI, "paid", "99.00", False),
+        (MIS, "paid", "99.00", True),
+        (CAN, "expired", "100.00", True),
+    ],
+)
+def test_agrees_when_the_provider_status_is_the_orders_own(
+    status: OrderStatus, said: str, amount: str, agreed: bool
+) -> None:
+    assert agrees(order(status), answer(said, AFTER, AFTER, amount)) is agreed
+
+
+def test_parse_event_reads_checked_at_of_the_reconcilers_answer() -> None:
+    event = parse_event(
+        {
+            "event": "payment.status_changed",
+            "payment_id": "p",
+            "status": "paid",
+            "amount": "1.00",
+            "currency": "USD",
+            "created_at": "2026-01-01T00:00:00Z",
+            "checked_at": "2026-01-01T00:00:05+00:00",
+        }
+    )
+    assert event.checked_at == datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)

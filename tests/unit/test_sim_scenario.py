@@ -56,10 +56,27 @@ def test_expectations() -> None:
     lost_refund = [expect(p) for p in plan.payments if p.lost and p.flow == "refunded"]
     assert all(e.optional_emails == () for e in lost_refund)
 
-    got = {"status": "REFUNDED", "bonus": 0, "emails": ["payment_refunded", "payment_succeeded"]}
+    got = {
+        "status": "REFUNDED",
+        "transitions": ["PAID", "REFUNDED"],
+        "bonus": 0,
+        "ledger": ["grant", "clawback"],
+        "emails": ["payment_succeeded", "payment_refunded"],
+    }
     assert mismatches([refunded], {refunded.payment_id: got}) == {}
     assert mismatches([paid], {paid.payment_id: {**got, "status": "PAID"}}) != {}
     assert mismatches([paid], {}) == {paid.payment_id: "no order"}
+    # One story (SPEC 5): the success email never follows the refund email, and has a grant.
+    late = {**got, "emails": ["payment_refunded", "payment_succeeded"]}
+    assert (
+        "after the refund email"
+        in mismatches([refunded], {refunded.payment_id: late})[refunded.payment_id]
+    )
+    early = {**got, "transitions": ["REFUNDED"], "ledger": []}
+    assert (
+        "without a grant"
+        in mismatches([refunded], {refunded.payment_id: early})[refunded.payment_id]
+    )
 
 
 def test_summary_counts() -> None:

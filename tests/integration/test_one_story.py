@@ -1,0 +1,255 @@
+"""One story per payment (SPEC 5): however the order's transitions reach the bonus and email
+workers, the ledger tells the order's history, the emails never contradict it, and a success
+email never follows the refund email.
+
+The orders worker's side is played here: it commits a payment's transitions one at a time, and
+each `order.*` message exists only once its transition is committed. Every schedule
+interleaves those commits with the bonus and email handlers taking the messages, in any order,
+some twice (a redelivery, a retry the ladder reordered). Real PostgreSQL and a real SMTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.bonuses.domain import EARNING, Transition, entries_for
+from services.bonuses.handler import make_handler as bonus_handler
+from services.email.handler import make_handler as email_handler
+from services.email.sender import SmtpSender
+from services.email.templates import REFUNDED, SUCCEEDED
+from shared.db import create_pool
+from shared.messages import OrderTransition
+from shared.metrics import BonusMetrics, EmailMetrics, new_registry
+from shared.queries import orders as orders_sql
+from shared.worker import Delivery, Handler
+from tests.conftest import SmtpSink
+from tests.integration.system import register
+
+POINTS = 500
+EMAIL_FROM = "payhooks@example.test"
+
+# The histories that tell a story: paid then refunded; a refund reversed; refunded twice.
+HISTORIES = {
+    "refunded": ("PAID", "REFUNDED"),
+    "reversed": ("PAID", "REFUNDED", "PAID"),
+    "refund_again": ("PAID", "REFUNDED", "PAID", "REFUNDED"),
+    "settled_refunded": ("PAID", "SETTLED", "REFUNDED"),
+    "refund_first": ("REFUNDED", "PAID"),  # the orders worker saw the refund, then its reversal
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    bonus: Handler
+    email: Handler
+
+
+@pytest.fixture
+async def workers(
+    migrated_database: str, smtp: tuple[SmtpSink, int], db: Any
+) -> AsyncIterator[Workers]:
+    pool = await create_pool(migrated_database, max_size=4)
+    sender = SmtpSender("127.0.0.1", smtp[1], connections=1)
+    try:
+        yield Workers(
+            bonus_handler(pool, POINTS, BonusMetrics.create(new_registry())),
+            email_handler(pool, sender, EMAIL_FROM, EmailMetrics.create(new_registry())),
+        )
+    finally:
+        await sender.close()
+        await pool.close()
+
+
+def message(payment_id: str, n: int, from_status: str, to_status: str) -> Delivery:
+    transition = OrderTransition(
+        event=f"order.{to_status.lower()}",
+        payment_id=payment_id,
+        order_id=f"ord_{payment_id}",
+        user_id=f"user_{payment_id}",
+        from_status=from_status,
+        to_status=to_status,
+        source_event_id=f"ev{n}_{payment_id}",
+    )
+    return Delivery(transition.message_id, transition.event, transition.encode(), 0)
+
+
+async def commit(db: Any, payment_id: str, n: int, from_status: str, to_status: str) -> None:
+    await orders_sql.add_transition(db, payment_id, from_status, to_status, f"ev{n}_{payment_id}")
+    await db.execute("UPDATE orders SET status = $2 WHERE payment_id = $1", payment_id, to_status)
+
+
+Step = tuple[str, int]  # ("commit" | "bonus" | "email", transition index)
+
+
+def schedules(n: int, rng: random.Random, count: int) -> list[list[Step]]:
+    """Random schedules: commits in order, each message handled by both workers after its
+    commit, in any order; now and then a message is handled again later."""
+    found = []
+    for _ in range(count):
+        committed, todo, steps = 0, [], []
+        while committed < n or todo:
+            if committed < n and (not todo or rng.random() < 0.4):
+                steps.append(("commit", committed))
+                todo += [("bonus", committed), ("email", committed)]
+                committed += 1
+                continue
+            step = todo.pop(rng.randrange(len(todo)))
+            steps.append(step)
+            if rng.random() < 0.15:
+                todo.append(step)  # redelivered: handled once more, later
+        found.append(steps)
+    return found
+
+
+def after_all_commits(n: int) -> list[list[Step]]:
+    """Every order of the messages once the whole history is committed, the email worker
+    taking them in the reverse of the bonus worker's order."""
+    commits = [("commit", i) for i in range(n)]
+    return [
+        commits + [s for i in order for s in (("bonus", i), ("email", order[-1 - order.index(i)]))]
+        for order in itertools.permutations(range(n))
+    ]
+
+
+async def play(db: Any, workers: Workers, statuses: Sequence[str], steps: list[Step]) -> str:
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    await register(db, payment_id)
+    froms = ["PENDING", *statuses[:-1]]
+    for kind, i in steps:
+        if kind == "commit":
+            await commit(db, payment_id, i, froms[i], statuses[i])
+        else:
+            handler = workers.bonus if kind == "bonus" else workers.email
+            await handler(message(payment_id, i, froms[i], statuses[i]))
+    return payment_id
+
+
+async def assert_one_story(
+    db: asyncpg.Connection[Any], sink: SmtpSink, payment_id: str, statuses: Sequence[str]
+) -> None:
+    rows = await db.fetch(
+        "SELECT t.id, t.to_status, b.kind, b.points FROM order_transitions t"
+        " LEFT JOIN bonus_ledger b ON b.transition_id = t.id WHERE t.payment_id = $1"
+        " ORDER BY t.id",
+        payment_id,
+    )
+    history = [Transition(r["id"], r["to_status"], "") for r in rows]
+    due = {e.transition.id: e.kind.value for e in entries_for(history)}
+    assert {r["id"]: r["kind"] for r in rows if r["kind"]} == due  # one entry per due transition
+    net = await db.fetchval(
+        "SELECT coalesce(sum(points), 0) FROM bonus_ledger WHERE payment_id = $1", payment_id
+    )
+    assert net == (POINTS if statuses[-1] in EARNING else 0)
+
+    smtp = [
+        str(m["X-Payhooks-Template"])
+        for m in sink.messages
+        if str(m["Message-ID"]).endswith(f".{payment_id}@example.test>")
+    ]
+    assert max(Counter(smtp).values(), default=0) <= 1, smtp  # one SMTP message per key
+    assert (REFUNDED in smtp) == ("REFUNDED" in statuses)
+    if SUCCEEDED in smtp:
+        assert "grant" in due.values()
+        if REFUNDED in smtp:
+            assert smtp.index(SUCCEEDED) < smtp.index(REFUNDED), smtp
+    records = {
+        r["template"]: r
+        for r in await db.fetch(
+            "SELECT template, skipped, sent_at FROM emails_sent WHERE payment_id = $1", payment_id
+        )
+    }
+    earned = any(s in EARNING for s in statuses)
+    assert (SUCCEEDED in records) == earned  # sent, or recorded as skipped
+    if earned:
+        assert records[SUCCEEDED]["skipped"] == (SUCCEEDED not in smtp)
+        assert (records[SUCCEEDED]["sent_at"] is None) == records[SUCCEEDED]["skipped"]
+    assert set(records) - {SUCCEEDED} == ({REFUNDED} if REFUNDED in smtp else set())
+
+
+@pytest.mark.parametrize("name", sorted(HISTORIES))
+async def test_every_order_of_the_messages_after_the_history_tells_one_story(
+    name: str, db: Any, workers: Workers, smtp: tuple[SmtpSink, int]
+) -> None:
+    statuses = HISTORIES[name]
+    for steps in after_all_commits(len(statuses)):
+        payment_id = await play(db, workers, statuses, steps)
+        await assert_one_story(db, smtp[0], payment_id, statuses)
+
+
+@pytest.mark.parametrize("name", sorted(HISTORIES))
+async def test_messages_interleaved_with_the_commits_and_redelivered_tell_one_story(
+    name: str, db: Any, workers: Workers, smtp: tuple[SmtpSink, int]
+) -> None:
+    statuses = HISTORIES[name]
+    for steps in schedules(len(statuses), random.Random(name), count=25):
+        payment_id = await play(db, workers, statuses, steps)
+        await assert_one_story(db, smtp[0], payment_id, statuses)
+
+
+async def test_refund_reversal_refund_nets_zero_with_a_ledger_row_per_transition(
+    db: Any, workers: Workers, smtp: tuple[SmtpSink, int]
+) -> None:
+    statuses = HISTORIES["refund_again"]
+    steps = [*[("commit", i) for i in range(4)], ("bonus", 3), ("email", 3), ("bonus", 0)]
+    payment_id = await play(db, workers, statuses, steps)
+    ledger = await db.fetch(
+        "SELECT kind, points FROM bonus_ledger WHERE payment_id = $1 ORDER BY transition_id",
+        payment_id,
+    )
+    assert [(r["kind"], r["points"]) for r in ledger] == [
+        ("grant", 500),
+        ("clawback", -500),
+        ("restore", 500),
+        ("clawback", -500),
+    ]
+    # The refund email went first (the email worker took the last transition first): the success
+    # email of the earlier PAID is recorded as skipped, never sent.
+    await workers.email(message(payment_id, 0, "PENDING", "PAID"))
+    await assert_one_story(db, smtp[0], payment_id, statuses)
+    skipped = await db.fetchval(
+        "SELECT skipped FROM emails_sent WHERE payment_id = $1 AND template = $2",
+        payment_id,
+        SUCCEEDED,
+    )
+    assert skipped is True
+
+
+async def test_the_paid_and_refund_messages_handled_at_once_tell_one_story(
+    migrated_database: str, db: Any, smtp: tuple[SmtpSink, int]
+) -> None:
+    """Two consumers take order.paid and order.refunded of one payment at the same moment
+    (prefetch does that): the per-payment lock makes one email wait for the other."""
+    pool = await create_pool(migrated_database, max_size=8)
+    sender = SmtpSender("127.0.0.1", smtp[1], connections=4)
+    workers = Workers(
+        bonus_handler(pool, POINTS, BonusMetrics.create(new_registry())),
+        email_handler(pool, sender, EMAIL_FROM, EmailMetrics.create(new_registry())),
+    )
+    statuses = HISTORIES["refunded"]
+    try:
+        for _ in range(20):
+            payment_id = await play(db, workers, statuses, [("commit", 0), ("commit", 1)])
+            paid, refunded = (
+                message(payment_id, 0, "PENDING", "PAID"),
+                message(payment_id, 1, "PAID", "REFUNDED"),
+            )
+            await asyncio.gather(
+                workers.email(refunded),
+                workers.email(paid),
+                workers.bonus(refunded),
+                workers.bonus(paid),
+            )
+            await assert_one_story(db, smtp[0], payment_id, statuses)
+    finally:
+        await sender.close()
+        await pool.close()
