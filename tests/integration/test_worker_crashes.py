@@ -26,6 +26,8 @@ from aio_pika.abc import AbstractChannel, DeliveryMode
 
 from shared.config import Settings
 from shared.messages import OrderTransition
+from shared.queries import orders as orders_sql
+from shared.queries import processed as processed_sql
 from shared.service import SHUTDOWN_TIMEOUT_S
 from shared.topology import DELIVERY_LIMIT, Topology, declare
 from tests.conftest import own_database, smtp_server
@@ -125,7 +127,10 @@ async def publish_paid_event(
     return event_id, body
 
 
-async def publish_order_paid(channel: AbstractChannel, topology: Topology, payment_id: str) -> str:
+async def paid_transition(db: Any, payment_id: str) -> OrderTransition:
+    """A PAID order whose PENDING -> PAID transition is committed, as the orders worker
+    leaves it; returns the order.paid message that transition publishes."""
+    await register(db, payment_id, status="PAID")
     transition = OrderTransition(
         event="order.paid",
         payment_id=payment_id,
@@ -135,8 +140,35 @@ async def publish_order_paid(channel: AbstractChannel, topology: Topology, payme
         to_status="PAID",
         source_event_id=f"evt_{uuid.uuid4().hex}",
     )
+    await orders_sql.add_transition(db, payment_id, "PENDING", "PAID", transition.source_event_id)
+    return transition
+
+
+async def publish_order_paid(
+    channel: AbstractChannel, topology: Topology, transition: OrderTransition
+) -> None:
     await publish(channel, topology, transition.event, transition.encode(), transition.message_id)
-    return transition.message_id
+
+
+@asynccontextmanager
+async def bonus_mark_held(database_url: str, message_id: str) -> AsyncIterator[None]:
+    """Hold an uncommitted processed_events row of the bonuses worker for `message_id` until
+    the block ends (then roll it back): the worker's own insert of that key waits for it,
+    mid-transaction."""
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            await processed_sql.mark_processed(conn, "bonuses", message_id, "held by the test")
+            yield
+            raise _RollBack
+    except _RollBack:
+        pass
+    finally:
+        await conn.close()
+
+
+class _RollBack(Exception):
+    pass
 
 
 @asynccontextmanager
@@ -212,10 +244,10 @@ async def test_email_worker_killed_during_smtp_send_sends_exactly_one_email_afte
     db: Any,
 ) -> None:
     smtp, smtp_port = stalling_smtp
-    await register(db, "pay_mail_kill", status="PAID")
+    transition = await paid_transition(db, "pay_mail_kill")
     first = await processes.start_ready("email", SMTP_PORT=str(smtp_port))
 
-    await publish_order_paid(amqp, topology, "pay_mail_kill")
+    await publish_order_paid(amqp, topology, transition)
     await eventually(lambda: asyncio.sleep(0, smtp.stalled.is_set()), bool, timeout_s=WAIT_S)
     first.kill()
 
@@ -284,11 +316,11 @@ async def test_bonuses_worker_killed_while_blocked_mid_transaction_grants_once_a
     db: Any,
     settings: Settings,
 ) -> None:
-    await register(db, "pay_bonus_kill", status="PAID")
+    transition = await paid_transition(db, "pay_bonus_kill")
     first = await processes.start_ready("bonuses")
 
-    async with order_row_locked(settings.database_url, "pay_bonus_kill"):
-        await publish_order_paid(amqp, topology, "pay_bonus_kill")
+    async with bonus_mark_held(settings.database_url, transition.message_id):
+        await publish_order_paid(amqp, topology, transition)
         await wait_until_blocked(db, first)
         first.kill()
 
@@ -312,12 +344,12 @@ async def test_bonuses_worker_on_sigterm_exits_0_and_finishes_or_hands_back_its_
     db: Any,
     settings: Settings,
 ) -> None:
-    await register(db, "pay_bonus_term", status="PAID")
+    transition = await paid_transition(db, "pay_bonus_term")
     worker = await processes.start_ready("bonuses")
     bonuses = topology.work_queue("bonuses")
 
-    async with order_row_locked(settings.database_url, "pay_bonus_term"):
-        await publish_order_paid(amqp, topology, "pay_bonus_term")
+    async with bonus_mark_held(settings.database_url, transition.message_id):
+        await publish_order_paid(amqp, topology, transition)
         await wait_until_blocked(db, worker)
         worker.terminate()
         # The HTTP site closes first on SIGTERM: from then on the process is shutting down,
