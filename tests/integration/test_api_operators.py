@@ -18,6 +18,7 @@ from shared import dlq_lock
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology, WorkQueue
+from shared.web import REGISTRY
 from shared.worker import ORIGINAL_QUEUE
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
@@ -671,6 +672,42 @@ async def test_payment_view_shows_order_webhooks_transitions_bonus_emails_and_de
     )
     assert dead["original_queue"] == topology.work["orders"].name
     assert smtp_messages(smtp[0], payment_id) == ["payment_succeeded"]
+
+
+async def test_payment_view_lists_failed_refunds_and_the_orders_worker_counts_them(
+    system: System,
+    api: TestClient,
+    db: Any,
+    channel: AbstractChannel,
+    topology: Topology,
+) -> None:
+    """Seed 000: refund.failed / refund.rejected move no money, but the merchant must know."""
+    payment_id = new_id("pay")
+    order = new_order(payment_id, user_id=new_id("user"))
+    assert (await api.post("/api/orders", json=order, headers=AUTH)).status == 201
+    paid, failed = new_id("evt"), new_id("evt")
+    await post(system.ingest, payment_event(payment_id, "paid"), paid)
+    refund = {"payment_id": payment_id, "refund_id": "r-1", "amount": "100.00", "currency": "USD"}
+    await post(system.ingest, {"event": "refund.failed", **refund}, failed)
+    await done_with(db, system, channel, topology, orders=2, transitions=1, dead=0)
+
+    status, view = await answer(await api.get(f"/api/payments/{payment_id}", headers=AUTH))
+
+    assert status == 200
+    assert view["order"]["status"] == "PAID"  # no state change
+    [failure] = view["refund_failures"]
+    assert (failure["event_id"], failure["event"], failure["refund_id"]) == (
+        failed,
+        "refund.failed",
+        "r-1",
+    )
+    assert view["events"][1]["outcome"] == "refund_failed"
+    assert view["undecided"] is None
+    registry = system.clients["orders"][0].app[REGISTRY]
+    counted = registry.get_sample_value(
+        "payhooks_refund_failures_total", {"event": "refund.failed"}
+    )
+    assert counted == 1
 
 
 async def test_user_bonus_balance_is_the_sum_of_the_users_ledger_entries(
