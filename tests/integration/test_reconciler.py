@@ -26,6 +26,7 @@ from shared.web import REGISTRY
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
+    System,
     effects,
     post,
     quiescent,
@@ -41,6 +42,7 @@ class FakeProvider:
     """The provider's payments API: statuses set by the test, failures on demand."""
 
     def __init__(self) -> None:
+        self.url = ""  # the running server's, set by the fixture
         self.payments: dict[str, dict[str, str]] = {}
         self.failures: list[int] = []  # statuses to answer before the real one
         self.hits = 0
@@ -75,7 +77,7 @@ async def provider() -> Any:
     app.router.add_get("/payments/{payment_id}", fake.get)
     server = TestServer(app)
     await server.start_server()
-    fake.url = str(server.make_url(""))  # type: ignore[attr-defined]
+    fake.url = str(server.make_url(""))
     yield fake
     await server.close()
 
@@ -375,6 +377,20 @@ async def test_the_synthetic_event_carries_the_provider_amount_and_status_exactl
 REFUNDED_AT = "2026-11-30T11:00:00+00:00"
 
 
+@pytest.fixture
+async def system(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> System:
+    return await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
+    )
+
+
 async def refunded_order(system: Any, db: Any, payment_id: str) -> None:
     """An order paid, then refunded at REFUNDED_AT (provider time), with both effects done."""
     await register(db, payment_id)
@@ -385,20 +401,13 @@ async def refunded_order(system: Any, db: Any, payment_id: str) -> None:
 
 
 async def test_refunded_order_whose_reversal_webhook_was_lost_is_paid_again_with_its_bonus(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
+    system: System,
     db: Any,
     provider: FakeProvider,
     reconciler: Any,
 ) -> None:
     """The provider reversed the refund (its payment says paid again, changed after the
     refund); the refund.reversed webhook never came. REFUNDED orders are asked about too."""
-    system = await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
     await refunded_order(system, db, "pay_reversal_lost")
     await make_stale(db, "pay_reversal_lost")
     provider.set("pay_reversal_lost", "paid")  # updated now: after the refund
@@ -419,20 +428,13 @@ async def test_refunded_order_whose_reversal_webhook_was_lost_is_paid_again_with
 
 
 async def test_a_provider_still_paid_from_before_the_refund_leaves_a_refunded_order(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
+    system: System,
     db: Any,
     provider: FakeProvider,
     reconciler: Any,
 ) -> None:
     """A provider whose payment status does not follow refunds says "paid" with a time before
     the refund: no evidence of a reversal, the order stays REFUNDED."""
-    system = await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
     await refunded_order(system, db, "pay_still_paid")
     await make_stale(db, "pay_still_paid")
     provider.set("pay_still_paid", "paid")
@@ -474,11 +476,7 @@ async def undecided(db: Any, payment_id: str) -> Any:
     ],
 )
 async def test_a_reversal_not_provably_after_the_refund_is_asked_about_at_once(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
+    system: System,
     db: Any,
     provider: FakeProvider,
     reconciler_app: Any,
@@ -490,9 +488,6 @@ async def test_a_reversal_not_provably_after_the_refund_is_asked_about_at_once(
     dated before the refund that made the order REFUNDED is undecidable (D6): the order stays
     REFUNDED, is flagged, and the reconciler asks at once (not at its next interval); the
     answer decides, and the flag goes."""
-    system = await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
     payment_id = f"pay_undecided_{provider_says}"
     await refunded_order(system, db, payment_id)
     provider.set(payment_id, provider_says)  # updated now: after the refund
@@ -522,11 +517,7 @@ async def test_a_reversal_not_provably_after_the_refund_is_asked_about_at_once(
 
 
 async def test_an_undecided_order_the_provider_cannot_settle_stays_flagged(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
+    system: System,
     db: Any,
     provider: FakeProvider,
     reconciler_app: Any,
@@ -534,9 +525,6 @@ async def test_an_undecided_order_the_provider_cannot_settle_stays_flagged(
     """A paid of the wrong amount on a PAID order (D2), and a provider that also says the
     wrong amount: nothing the model may do on its own; the order stays PAID and flagged (the
     PayhooksOrderUndecided alert ages it) and the payment view says so."""
-    system = await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
     payment_id = "pay_undecided_amount"
     await register(db, payment_id)
     await post(system.ingest, payment_event(payment_id, "paid"))
