@@ -39,6 +39,7 @@ _RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 _ATTEMPT_TIMEOUT_S = 20.0
 # Longer than aio-pika's own reconnect (every 5 s) and channel restore take after an outage.
 _STUCK_AFTER_S = 30.0
+_CLOSE_S = 5.0  # a connection that does not close by then is left to the garbage collector
 _WATCH_INTERVAL_S = 2.0
 # How often a wait for confirms looks whether RabbitMQ has blocked the connection meanwhile.
 _BLOCKED_POLL_S = 0.05
@@ -186,7 +187,11 @@ class Broker:
         if self._task is not None:
             await cancel_and_wait(self._task)
         if self._connection is not None:
-            await self._connection.close()
+            # Bounded: a connection half-way through a reconnect can keep close() waiting.
+            try:
+                await asyncio.wait_for(self._connection.close(), _CLOSE_S)
+            except Exception as e:  # shutting down: nothing left to do with it
+                log.warning("broker.close_failed", error=repr(e))
 
     @property
     def channel(self) -> AbstractRobustChannel:

@@ -9,6 +9,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 import orjson
+import structlog
 from aiohttp import web
 from asyncpg.pool import PoolConnectionProxy
 
@@ -18,6 +19,9 @@ from shared.web import READINESS_CHECKS
 # Every statement on the request path must finish well inside the provider's 10 s budget.
 CONNECT_TIMEOUT_S = 3.0
 COMMAND_TIMEOUT_S = 5.0
+POOL_CLOSE_S = 5.0
+
+log = structlog.get_logger(__name__)
 
 DB_POOL = web.AppKey("db_pool", asyncpg.Pool)
 
@@ -69,6 +73,11 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
     return pool
 
 
+async def probe(conn: Executor) -> None:
+    """One round trip; raises if the connection is gone (also one lost without a word)."""
+    await conn.fetchval("SELECT 1", timeout=CONNECT_TIMEOUT_S)
+
+
 @asynccontextmanager
 async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Pool[Any]]:
     """A pool for the lifetime of a service.
@@ -80,7 +89,12 @@ async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Po
     try:
         yield pool
     finally:
-        await pool.close()
+        # close() waits for every connection to be released: a task that never gives one back
+        # would hold the shutdown forever. Past the bound, the pool is terminated instead.
+        try:
+            await asyncio.wait_for(pool.close(), POOL_CLOSE_S)
+        except TimeoutError:
+            log.warning("db.pool_close_timed_out", seconds=POOL_CLOSE_S)
 
 
 def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], AsyncIterator[None]]:

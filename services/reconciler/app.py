@@ -17,7 +17,7 @@ from services.reconciler.jobs import BATCH, housekeeping_once, reconcile_once
 from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
-from shared.db import CONNECT_TIMEOUT_S, DB_POOL, pool_ctx
+from shared.db import CONNECT_TIMEOUT_S, DB_POOL, pool_ctx, probe
 from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
 from shared.provider import ProviderClient
 from shared.queries.orders import UNDECIDED_CHANNEL
@@ -44,7 +44,7 @@ async def listen_for_undecided(database_url: str, wake: asyncio.Event) -> None:
                 wake.set()  # flags raised while nobody listened
                 while True:  # a connection lost without a word fails this probe
                     await asyncio.sleep(_PROBE_S)
-                    await conn.fetchval("SELECT 1", timeout=CONNECT_TIMEOUT_S)
+                    await probe(conn)
             finally:
                 with contextlib.suppress(Exception):
                     await conn.close(timeout=1)
