@@ -395,6 +395,7 @@ async def refunded_order(system: Any, db: Any, payment_id: str) -> None:
     """An order paid, then refunded at REFUNDED_AT (provider time), with both effects done."""
     await register(db, payment_id)
     await post(system.ingest, payment_event(payment_id, "paid"))
+    await quiescent(db, system)  # the orders worker may take two messages in either order
     await post(system.ingest, payment_event(payment_id, "refunded", created_at=REFUNDED_AT))
     await quiescent(db, system)
     assert (await effects(db, payment_id))["ledger"] == ["grant", "clawback"]
