@@ -172,12 +172,17 @@ async def depth(channel: AbstractChannel, queue: str) -> int:
     return (await counts(channel, queue)).messages
 
 
-async def _read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
-    """Every ready message, unacknowledged (the caller acks or hands back each one)."""
+async def _read_all(
+    channel: AbstractChannel, queue: str, limit: int | None = None
+) -> list[AbstractIncomingMessage]:
+    """Every ready message (the first `limit`), unacknowledged (the caller acks or hands back
+    each one)."""
     q = await channel.get_queue(queue, ensure=False)
     messages: list[AbstractIncomingMessage] = []
     async with _existing(queue):
-        while (message := await q.get(no_ack=False, fail=False)) is not None:
+        while limit is None or len(messages) < limit:
+            if (message := await q.get(no_ack=False, fail=False)) is None:
+                break
             messages.append(message)
     return messages
 
@@ -190,15 +195,29 @@ async def _hand_back(messages: Sequence[AbstractIncomingMessage]) -> None:
             return  # the channel is closed: RabbitMQ took back everything it held
 
 
+@asynccontextmanager
+async def peeking(
+    channel: AbstractChannel,
+    queue: str,
+    *,
+    limit: int | None = None,
+    lock_wait_s: float | None = None,
+) -> AsyncIterator[list[AbstractIncomingMessage]]:
+    """The queue's first `limit` ready messages (all without one), held unacknowledged under
+    the queue's lock and handed back in order at the end: looking moves nothing."""
+    async with reading(channel, queue, wait_s=lock_wait_s):
+        messages = await _read_all(channel, queue, limit)
+        try:
+            yield messages
+        finally:
+            await _hand_back(messages)
+
+
 async def show(
     channel: AbstractChannel, dlq: str, *, lock_wait_s: float | None = None
 ) -> list[DeadLetter]:
-    async with reading(channel, dlq, wait_s=lock_wait_s):
-        messages = await _read_all(channel, dlq)
-        try:
-            return [describe(m, dlq) for m in messages]
-        finally:
-            await _hand_back(messages)
+    async with peeking(channel, dlq, lock_wait_s=lock_wait_s) as messages:
+        return [describe(m, dlq) for m in messages]
 
 
 async def stats(channel: AbstractChannel, topology: Topology) -> list[QueueStats]:

@@ -203,7 +203,8 @@ class QueueMetrics:
             ),
             oldest_age=Gauge(
                 "payhooks_queue_oldest_message_age_seconds",
-                "Age of the oldest message in a DLQ (0 when empty).",
+                "Age of the oldest message in a DLQ since it failed, in unrouted since it was"
+                " published (0 when empty or unknown).",
                 ["queue"],
                 registry=registry,
             ),
