@@ -4,6 +4,7 @@ message with reason `invalid_message` instead of deduplicating them all under an
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,10 @@ from typing import Any
 import aio_pika
 import orjson
 from aio_pika.abc import AbstractChannel, DeliveryMode
+from aiormq.abc import ChannelFrame
+from pamqp.body import ContentBody
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 
 from services.orders.handler import make_handler as orders_handler
 from shared.broker import Broker
@@ -48,9 +53,29 @@ async def orders_worker(
         await pool.close()
 
 
-async def publish(
-    channel: AbstractChannel, queue: str, body: bytes, message_id: str | None
-) -> None:
+async def publish_without_message_id(channel: AbstractChannel, queue: str, body: bytes) -> None:
+    """Publish as a producer that sets no message id would (another client library, a manual
+    publish). aiormq gives every message it publishes a random id, so the frames are written
+    here by hand: the message reaches the queue with no message_id at all."""
+    underlay = await channel.get_underlay_channel()
+    raw = await underlay.connection.channel(publisher_confirms=False)
+    try:
+        properties = Basic.Properties(content_type="application/json", delivery_mode=2)
+        frames = [
+            Basic.Publish(exchange="", routing_key=queue),
+            ContentHeader(properties=properties, body_size=len(body)),
+            ContentBody(body),
+        ]
+        written = asyncio.get_running_loop().create_future()
+        await raw.write_queue.put(
+            ChannelFrame.marshall(channel_number=raw.number, frames=frames, drain_future=written)
+        )
+        await written
+    finally:
+        await raw.close()
+
+
+async def publish(channel: AbstractChannel, queue: str, body: bytes, message_id: str) -> None:
     message = aio_pika.Message(
         body,
         message_id=message_id,
@@ -74,8 +99,8 @@ async def test_every_message_without_a_message_id_is_dead_lettered_as_invalid_me
     async with orders_worker(settings, topology, amqp):
         # Two different valid events, neither with a message id: under one empty key the
         # second used to be skipped as a duplicate of the first.
-        await publish(amqp, work.name, paid, None)
-        await publish(amqp, work.name, settled, None)
+        await publish_without_message_id(amqp, work.name, paid)
+        await publish_without_message_id(amqp, work.name, settled)
         await eventually(lambda: depths(amqp, [work.dlq]), lambda d: d == {work.dlq: 2})
         # The same worker still processes a message that has an id: it was up all along.
         await publish(amqp, work.name, paid, f"evt_{uuid.uuid4().hex}")
@@ -83,8 +108,10 @@ async def test_every_message_without_a_message_id_is_dead_lettered_as_invalid_me
 
     dead = await drain(amqp, work.dlq)
     assert sorted(m.body for m in dead) == sorted([paid, settled])
+    # aiormq gave each DLQ copy a random id when the worker published it there (it publishes
+    # nothing without one): two different ids, and the error says the original had none.
+    assert len({m.message_id for m in dead}) == 2
     for message in dead:
-        assert not message.message_id
         assert header(message, "reason") == "invalid_message"
         assert "message_id" in header(message, "error")
         assert header(message, "original_queue") == work.name
