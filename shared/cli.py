@@ -96,9 +96,9 @@ def _parser() -> argparse.ArgumentParser:
         "unrouted", help="events no worker consumes (withdrawals, kyc, ...): look, never move"
     ).add_subparsers(dest="subcommand", required=True)
     unrouted_show = unrouted.add_parser(
-        "show", help="how many, the oldest's age, the first messages (nothing is moved)"
+        "show", help="how many, how old, which types, the first N (nothing is moved)"
     )
-    unrouted_show.add_argument("--limit", type=_positive, default=20, help="default 20, max 1000")
+    unrouted_show.add_argument("--limit", type=_positive, default=20, help="list N (default 20)")
     unrouted_show.add_argument("--json", action="store_true")
     unrouted_show.set_defaults(handler=operator.unrouted_show)
 

@@ -203,8 +203,7 @@ class QueueMetrics:
             ),
             oldest_age=Gauge(
                 "payhooks_queue_oldest_message_age_seconds",
-                "Age of the oldest message in a DLQ since it failed, in unrouted since it was"
-                " published (0 when empty or unknown).",
+                "Age of the oldest message in a DLQ (0 when empty).",
                 ["queue"],
                 registry=registry,
             ),

@@ -277,6 +277,6 @@ async def unrouted_show(settings: Settings, args: argparse.Namespace) -> int:
     if seen.messages:
         columns = ["published_at", "id", "event", "payment_id", "provider"]
         table(columns, [[m.as_json()[c] for c in columns] for m in seen.messages])
-        counts = ", ".join(f"{event} {n}" for event, n in seen.by_event().items())
-        print(f"\n{len(seen.messages)} of {seen.total} shown; by event: {counts}")
+        counts = ", ".join(f"{event} {n}" for event, n in seen.by_event.items())
+        print(f"\n{len(seen.messages)} of {seen.total} shown; all {seen.total} by event: {counts}")
     return EXIT_OK if seen.total else EXIT_NOTHING

@@ -146,8 +146,8 @@ async def requeue_dlq(request: web.Request) -> web.Response:
 
 
 async def show_unrouted(request: web.Request) -> web.Response:
-    """`GET /api/unrouted?limit=N`: its depth, the age of its oldest message, and its first N
-    messages (default 100) with a count per event type among them."""
+    """`GET /api/unrouted?limit=N`: its depth, the age of its oldest message, a count per
+    event type, and its first N messages (default 100)."""
     try:
         limit = int(request.query.get("limit", "100"))
     except ValueError:

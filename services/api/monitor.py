@@ -1,5 +1,5 @@
-"""The api's monitor loop: queue depths, work queue consumers, DLQ and unrouted ages and
-publish backlogs as gauges."""
+"""The api's monitor loop: queue depths, work queue consumers, DLQ ages and publish backlogs
+as gauges."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncpg
 import structlog
 
 from services.api.dlq_access import DlqAccess
-from shared import dlq, dlq_lock, unrouted
+from shared import dlq
 from shared.metrics import QueueMetrics
 from shared.queries import inbox as inbox_sql
 from shared.queries import outbox as outbox_sql
@@ -40,18 +40,6 @@ async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetr
         # Reading a DLQ's messages is needed for their age; only done for non-empty ones.
         for stat in await dlq.stats(channel, topology):
             metrics.oldest_age.labels(queue=label(stat.queue)).set(stat.oldest_age_seconds or 0)
-        # Only its first message (the oldest) is read: unrouted may hold 100,000. An operator
-        # reading it holds the lock: the gauge keeps its value until the next round.
-        try:
-            head = await unrouted.view(
-                channel, topology.unrouted, limit=1, lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S
-            )
-        except dlq_lock.DlqBusyError:
-            pass
-        else:
-            metrics.oldest_age.labels(queue=label(topology.unrouted)).set(
-                head.oldest_age_seconds or 0
-            )
     inbox = await inbox_sql.unpublished_count(pool)
     outbox = await outbox_sql.unpublished_count(pool)
     metrics.inbox_unpublished.set(inbox)
