@@ -42,12 +42,13 @@ BINDINGS: dict[str, tuple[str, ...]] = {
 
 # The bound of `unrouted` (events no worker consumes: withdrawals, kyc, reminders, ...): kept a
 # week for an operator to look at, at most this many messages and bytes (a few hundred bytes
-# to a few KB each), the oldest dropped first beyond that. Dropping loses nothing for good:
-# the inbox keeps every accepted event with its raw body for RETENTION_DAYS (>= 35). Not
-# `reject-publish`: that would fail ingest's publish and answer X-Hub 503 for ever.
+# to a few KB each), the oldest dropped first beyond that. A look reads all of them at once,
+# which AMQP's largest prefetch (65,535) must cover (shared/dlq.py `peeking`). Dropping loses
+# nothing for good: the inbox keeps every accepted event with its raw body for RETENTION_DAYS
+# (>= 35). Not `reject-publish`: that would fail ingest's publish and answer X-Hub 503 for ever.
 UNROUTED_TTL_S = 7 * 24 * 3600
-UNROUTED_MAX_MESSAGES = 100_000
-UNROUTED_MAX_BYTES = 256 * 1024 * 1024
+UNROUTED_MAX_MESSAGES = 50_000
+UNROUTED_MAX_BYTES = 128 * 1024 * 1024
 UNROUTED_ARGS: dict[str, Any] = {
     "x-queue-type": "quorum",
     "x-message-ttl": UNROUTED_TTL_S * 1000,
@@ -185,8 +186,8 @@ async def _declare_unrouted(channel: AbstractChannel, spec: QueueSpec) -> Abstra
             "topology.unrouted_unbounded",
             queue=spec.name,
             error=str(e),
-            action="declared before its bound: set the policy or recreate it (README"
-            ' "RabbitMQ topology", upgrading unrouted)',
+            action="it exists with other arguments (from before its bound): used as it is;"
+            ' bound it with a policy or recreate it (README "RabbitMQ topology")',
         )
         return await channel.declare_queue(spec.name, passive=True)
     finally:
