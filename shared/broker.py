@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,8 @@ def to_message(outgoing: Outgoing) -> aio_pika.Message:
     # message_id and type are AMQP short strings (255 bytes): an id built from a provider's
     # event id can be longer (an outbox id adds ":order.paid"), and a message pamqp cannot
     # encode would fail on every attempt. message_id() keeps short ids and hashes long ones.
+    # The timestamp (whole seconds) is when it was published: how long a message has waited
+    # in a queue nobody consumes (`unrouted`) is read from it.
     return aio_pika.Message(
         outgoing.body,
         message_id=message_id(outgoing.message_id),
@@ -67,6 +70,7 @@ def to_message(outgoing: Outgoing) -> aio_pika.Message:
         content_type="application/json",
         delivery_mode=DeliveryMode.PERSISTENT,
         headers=dict(outgoing.headers),
+        timestamp=dt.datetime.now(dt.UTC),
     )
 
 

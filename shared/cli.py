@@ -92,6 +92,16 @@ def _parser() -> argparse.ArgumentParser:
     purge.add_argument("--json", action="store_true")
     purge.set_defaults(handler=operator.dlq_purge)
 
+    unrouted = commands.add_parser(
+        "unrouted", help="events no worker consumes (withdrawals, kyc, ...): look, never move"
+    ).add_subparsers(dest="subcommand", required=True)
+    unrouted_show = unrouted.add_parser(
+        "show", help="how many, how old, which types, the first N (nothing is moved)"
+    )
+    unrouted_show.add_argument("--limit", type=_positive, default=20, help="list N (default 20)")
+    unrouted_show.add_argument("--json", action="store_true")
+    unrouted_show.set_defaults(handler=operator.unrouted_show)
+
     sim = commands.add_parser("sim", help="X-Hub simulator: fake payments API + signed webhooks")
     # Imported by name, like the services: shared/ never imports services/ at module level.
     sim_module = importlib.import_module("services.sim.run")

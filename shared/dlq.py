@@ -18,6 +18,7 @@ the queue, and a requeue or purge would do part of its job while reporting succe
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -199,6 +200,61 @@ async def show(
             return [describe(m, dlq) for m in messages]
         finally:
             await _hand_back(messages)
+
+
+_PEEK_PREFETCH = 65535
+# Fewer messages came than the queue counted (expired or dropped meanwhile): the read ends
+# after this long without one.
+_PEEK_QUIET_S = 1.0
+
+
+@asynccontextmanager
+async def peeking(
+    channel: AbstractChannel, queue: str, *, lock_wait_s: float | None = None
+) -> AsyncIterator[list[AbstractIncomingMessage]]:
+    """Every ready message of the queue, held unacknowledged under its lock and handed back in
+    order at the end: looking moves nothing. Always all of them: a quorum queue puts what is
+    handed back at its tail, so handing back the first few would move them behind the rest."""
+    async with reading(channel, queue, wait_s=lock_wait_s):
+        messages: list[AbstractIncomingMessage] = []
+        try:
+            await _consume_all(channel, queue, messages)
+            yield messages
+        finally:
+            await _hand_back(messages)
+
+
+async def _consume_all(
+    channel: AbstractChannel, queue: str, messages: list[AbstractIncomingMessage]
+) -> None:
+    """Append the queue's ready messages to `messages`, unacknowledged, in queue order."""
+    async with _existing(queue):
+        declared = await channel.declare_queue(queue, passive=True)
+    expected = int(declared.declaration_result.message_count or 0)
+    if not expected:
+        return
+    arrived = asyncio.Event()
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        messages.append(message)
+        arrived.set()
+
+    # A consumer, not one basic.get round trip per message (about 1 ms each on a busy machine).
+    # Nothing is acknowledged until the end, so the prefetch bounds what one look can read:
+    # AMQP's largest (a quorum queue caps "unlimited" at 2,000), above unrouted's length bound.
+    await channel.set_qos(prefetch_count=_PEEK_PREFETCH)
+    tag = await declared.consume(on_message, no_ack=False)
+    try:
+        while len(messages) < expected:
+            arrived.clear()
+            try:
+                async with asyncio.timeout(_PEEK_QUIET_S):
+                    await arrived.wait()
+            except TimeoutError:
+                break
+    finally:
+        await declared.cancel(tag)
+    await asyncio.sleep(0)  # deliveries that came before the cancel's answer are appended
 
 
 async def stats(channel: AbstractChannel, topology: Topology) -> list[QueueStats]:

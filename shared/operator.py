@@ -1,5 +1,5 @@
-"""The operator commands behind the CLI: orders, payments, DLQs (PostgreSQL and RabbitMQ
-directly, no api in between). Each returns the process exit code."""
+"""The operator commands behind the CLI: orders, payments, DLQs, unrouted (PostgreSQL and
+RabbitMQ directly, no api in between). Each returns the process exit code."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from shared import dlq, dlq_lock, support
+from shared import dlq, dlq_lock, support, unrouted
 from shared.config import Settings
 from shared.console import Progress, table
 from shared.db import init_connection
@@ -268,3 +268,22 @@ async def dlq_purge(settings: Settings, args: argparse.Namespace) -> int:
             )
         print(f"purged {len(removed)} message(s) from {args.queue}.dlq")
     return EXIT_OK if removed else EXIT_NOTHING
+
+
+async def unrouted_show(settings: Settings, args: argparse.Namespace) -> int:
+    async with broker(settings) as (channel, topology):
+        seen = await unrouted.view(channel, topology.unrouted, limit=args.limit)
+    if args.json:
+        _print_json(seen.as_json())
+        return EXIT_OK if seen.total else EXIT_NOTHING
+    age = seen.oldest_age_seconds
+    print(
+        f"{seen.queue}: {seen.total} message(s) no worker consumes"
+        + ("" if age is None else f", the oldest published {age:,.0f} s ago")
+    )
+    if seen.messages:
+        columns = ["published_at", "id", "event", "payment_id", "provider"]
+        table(columns, [[m.as_json()[c] for c in columns] for m in seen.messages])
+        counts = ", ".join(f"{event} {n}" for event, n in seen.by_event.items())
+        print(f"\n{len(seen.messages)} of {seen.total} shown; all {seen.total} by event: {counts}")
+    return EXIT_OK if seen.total else EXIT_NOTHING

@@ -5,6 +5,11 @@ feeds `unrouted`, so a published message is never silently dropped. Each work qu
 retry queue per step of RETRY_DELAYS (a fixed per-queue TTL dead-letters the message back to
 the work queue when it expires) and its own DLQ. All queues are quorum queues; dead-lettering
 from them is at-least-once (RabbitMQ >= 3.10, needs `x-overflow: reject-publish`).
+
+`unrouted` has no consumer, so it is bounded instead: UNROUTED_TTL_S, UNROUTED_MAX_MESSAGES and
+UNROUTED_MAX_BYTES, dropping its oldest message beyond them (every event in it is also kept in
+the inbox for RETENTION_DAYS). A deployment whose `unrouted` predates the bound keeps working
+with it unbounded, and says so at every start (README "RabbitMQ topology", the upgrade).
 """
 
 from __future__ import annotations
@@ -15,7 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, ExchangeType
+import aiormq
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractQueue, ExchangeType
+
+log = structlog.get_logger(__name__)
 
 # A message redelivered this many times (the process died holding it, again and again) is
 # dead-lettered by RabbitMQ itself with reason `delivery_limit`.
@@ -29,6 +38,23 @@ BINDINGS: dict[str, tuple[str, ...]] = {
     "orders": ("payment.status_changed", "refund.*"),
     "bonuses": ("order.*",),
     "emails": ("order.*",),
+}
+
+# The bound of `unrouted` (events no worker consumes: withdrawals, kyc, reminders, ...): kept a
+# week for an operator to look at, at most this many messages and bytes (a few hundred bytes
+# to a few KB each), the oldest dropped first beyond that. A look reads all of them at once,
+# which AMQP's largest prefetch (65,535) must cover (shared/dlq.py `peeking`). Dropping loses
+# nothing for good: the inbox keeps every accepted event with its raw body for RETENTION_DAYS
+# (>= 35). Not `reject-publish`: that would fail ingest's publish and answer X-Hub 503 for ever.
+UNROUTED_TTL_S = 7 * 24 * 3600
+UNROUTED_MAX_MESSAGES = 50_000
+UNROUTED_MAX_BYTES = 128 * 1024 * 1024
+UNROUTED_ARGS: dict[str, Any] = {
+    "x-queue-type": "quorum",
+    "x-message-ttl": UNROUTED_TTL_S * 1000,
+    "x-max-length": UNROUTED_MAX_MESSAGES,
+    "x-max-length-bytes": UNROUTED_MAX_BYTES,
+    "x-overflow": "drop-head",
 }
 
 _QUORUM_DLX_ARGS = {
@@ -75,7 +101,7 @@ def retry_queue_name(queue: str, delay_s: float) -> str:
 def build_topology(prefix: str, retry_delays_s: tuple[float, ...]) -> Topology:
     exchange = f"{prefix}payhooks.events"
     unrouted = f"{prefix}unrouted"
-    queues = [QueueSpec(unrouted, {"x-queue-type": "quorum"})]
+    queues = [QueueSpec(unrouted, dict(UNROUTED_ARGS))]
     work: dict[str, WorkQueue] = {}
     for base in WORK_QUEUES:
         name = f"{prefix}{base}"
@@ -132,12 +158,42 @@ async def declare(channel: AbstractChannel, topology: Topology) -> aio_pika.abc.
         arguments={"alternate-exchange": topology.alternate_exchange},
     )
     for spec in topology.queues:
-        queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
+        if spec.name == topology.unrouted:
+            queue = await _declare_unrouted(channel, spec)
+        else:
+            queue = await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
         for key in spec.bindings:
             await queue.bind(exchange, routing_key=key)
         if spec.name == topology.unrouted:
             await queue.bind(alternate, routing_key="")
     return exchange
+
+
+async def _declare_unrouted(channel: AbstractChannel, spec: QueueSpec) -> AbstractQueue:
+    """Declare `unrouted` with its bound; if it exists from before the bound (RabbitMQ refuses
+    other arguments for an existing queue: PRECONDITION_FAILED), use it as it is and warn.
+
+    The attempt runs on a channel of its own: the refusal closes the channel it happens on.
+    The queue is then declared passively on `channel`, which is what a robust channel repeats
+    after a reconnect, so that cannot fail the same way later.
+    """
+    underlay = await channel.get_underlay_channel()
+    probe = await underlay.connection.channel(publisher_confirms=False)
+    try:
+        await probe.queue_declare(spec.name, durable=True, arguments=spec.arguments)
+    except aiormq.exceptions.ChannelPreconditionFailed as e:
+        log.warning(
+            "topology.unrouted_unbounded",
+            queue=spec.name,
+            error=str(e),
+            action="it exists with other arguments (from before its bound): used as it is;"
+            ' bound it with a policy or recreate it (README "RabbitMQ topology")',
+        )
+        return await channel.declare_queue(spec.name, passive=True)
+    finally:
+        if not probe.is_closed:
+            await probe.close()
+    return await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments)
 
 
 async def delete(channel: AbstractChannel, topology: Topology) -> None:

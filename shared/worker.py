@@ -3,7 +3,9 @@
 A handler gets one `Delivery` and returns its outcome (`ok` or `skipped_duplicate`) once its
 transaction committed; only then is the message acked. A failure is routed by kind:
 
-* PermanentError (a body that can never be valid) goes to the DLQ at once;
+* PermanentError (a body that can never be valid) goes to the DLQ at once, and so does a
+  message without a message id (reason `invalid_message`): the handlers' idempotency key is
+  that id, so under an empty key every such message after the first would be skipped;
 * anything else is retried: the message is republished, confirmed, to the next retry queue
   of the ladder (its TTL brings it back) with the attempt count in our own `attempts` header,
   then acked; after the last step it goes to the DLQ with the error's `reason`;
@@ -61,6 +63,10 @@ _RECONSUME_AFTER_S = 20.0
 # connection; PostgreSQL's default of 100 connections must fit every replica of every service.
 POOL_SIZE = 10
 _MAX_ERROR_CHARS = 500
+
+
+class MissingMessageIdError(PermanentError):
+    """A message without the message id every handler deduplicates on: never processed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +228,8 @@ class Worker:
             worker=self.name, message_id=delivery.message_id, routing_key=delivery.routing_key
         ):
             try:
+                if not delivery.message_id:
+                    raise MissingMessageIdError("message has no message_id (no idempotency key)")
                 outcome = await self._handler(delivery)
             except PermanentError as e:
                 outcome = await self._fail(message, delivery, e, retry=False)

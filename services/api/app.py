@@ -77,6 +77,7 @@ def create_app(
     app.router.add_get("/api/dlq", dlq_routes.list_dlqs)
     app.router.add_get("/api/dlq/{queue}", dlq_routes.show_dlq)
     app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)
+    app.router.add_get("/api/unrouted", dlq_routes.show_unrouted)
     return app
 
 

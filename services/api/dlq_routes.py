@@ -1,4 +1,5 @@
-"""DLQ routes: list the DLQs, show one, requeue from one (SPEC section 7)."""
+"""DLQ routes: list the DLQs, show one, requeue from one (SPEC section 7); and a look at
+`unrouted`, the events no worker consumes (count and show only)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import orjson
 from aiohttp import web
 
 from services.api.handlers import DLQ_ACCESS, json_error, json_response
-from shared import dlq
+from shared import dlq, unrouted
 from shared.http_limits import read_body
 
 _MAX_PAGE = 1000
@@ -142,3 +143,18 @@ async def requeue_dlq(request: web.Request) -> web.Response:
             "not_found": result.not_found,
         }
     )
+
+
+async def show_unrouted(request: web.Request) -> web.Response:
+    """`GET /api/unrouted?limit=N`: its depth, the age of its oldest message, a count per
+    event type, and its first N messages (default 100)."""
+    try:
+        limit = int(request.query.get("limit", "100"))
+    except ValueError:
+        return json_error(400, "limit must be a whole number")
+    if not 1 <= limit <= unrouted.MAX_SHOWN:
+        return json_error(400, f"limit must be 1-{unrouted.MAX_SHOWN}")
+    access = request.app[DLQ_ACCESS]
+    async with access.channel() as channel:
+        seen = await unrouted.view(channel, access.topology.unrouted, limit=limit)
+    return json_response(seen.as_json())

@@ -1,0 +1,127 @@
+"""A message without a message id is invalid: the worker runtime dead-letters every such
+message with reason `invalid_message` instead of deduplicating them all under an empty key
+(issue 11, point 6). Real RabbitMQ, real PostgreSQL, the real orders handler."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aio_pika
+import orjson
+from aio_pika.abc import AbstractChannel, DeliveryMode
+from aiormq.abc import ChannelFrame
+from pamqp.body import ContentBody
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+from services.orders.handler import make_handler as orders_handler
+from shared.broker import Broker
+from shared.config import Settings
+from shared.db import create_pool
+from shared.metrics import WorkerMetrics
+from shared.outbox import OutboxRelay
+from shared.topology import Topology, declare
+from shared.worker import Handler, Worker
+from tests.helpers import drain, eventually, payment_event
+from tests.integration.system import consumer_counts, depths, effects, header, register
+
+
+@asynccontextmanager
+async def orders_worker(
+    settings: Settings, topology: Topology, channel: AbstractChannel
+) -> AsyncIterator[None]:
+    """The orders queue consumed by shared.worker.Worker with the real orders handler (its
+    outbox relay never runs: the test looks at the order and processed_events only)."""
+    pool = await create_pool(settings.database_url, max_size=2)
+    broker = Broker(settings.amqp_url, topology)
+    await broker.start()
+    handler: Handler = orders_handler(pool, OutboxRelay(pool, broker))
+    worker = Worker("orders", broker, topology.work["orders"], handler, WorkerMetrics.create("t"))
+    try:
+        await broker.wait_connected(10)
+        worker.start()
+        queue = topology.work["orders"].name
+        await eventually(lambda: consumer_counts(channel, [queue]), lambda c: c == {queue: 1})
+        yield
+    finally:
+        await worker.stop()
+        await broker.close()
+        await pool.close()
+
+
+async def publish_without_message_id(channel: AbstractChannel, queue: str, body: bytes) -> None:
+    """Publish as a producer that sets no message id would (another client library, a manual
+    publish). aiormq gives every message it publishes a random id, so the frames are written
+    here by hand: the message reaches the queue with no message_id at all."""
+    underlay = await channel.get_underlay_channel()
+    raw = await underlay.connection.channel(publisher_confirms=False)
+    try:
+        properties = Basic.Properties(content_type="application/json", delivery_mode=2)
+        frames = [
+            Basic.Publish(exchange="", routing_key=queue),
+            ContentHeader(properties=properties, body_size=len(body)),
+            ContentBody(body),
+        ]
+        written = asyncio.get_running_loop().create_future()
+        await raw.write_queue.put(
+            ChannelFrame.marshall(channel_number=raw.number, frames=frames, drain_future=written)
+        )
+        await written
+    finally:
+        await raw.close()
+
+
+async def publish(channel: AbstractChannel, queue: str, body: bytes, message_id: str) -> None:
+    message = aio_pika.Message(
+        body,
+        message_id=message_id,
+        type="payment.status_changed",
+        content_type="application/json",
+        delivery_mode=DeliveryMode.PERSISTENT,
+    )
+    await channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
+
+
+async def test_every_message_without_a_message_id_is_dead_lettered_as_invalid_message(
+    settings: Settings, topology: Topology, amqp: Any, db: Any
+) -> None:
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    await register(db, payment_id)
+    await declare(amqp, topology)
+    work = topology.work["orders"]
+    paid = orjson.dumps(payment_event(payment_id, "paid"))
+    settled = orjson.dumps(payment_event(payment_id, "settled"))
+
+    async with orders_worker(settings, topology, amqp):
+        # Two different valid events, neither with a message id: under one empty key the
+        # second used to be skipped as a duplicate of the first.
+        await publish_without_message_id(amqp, work.name, paid)
+        await publish_without_message_id(amqp, work.name, settled)
+        await eventually(lambda: depths(amqp, [work.dlq]), lambda d: d == {work.dlq: 2})
+        # The same worker still processes a message that has an id: it was up all along.
+        await publish(amqp, work.name, paid, f"evt_{uuid.uuid4().hex}")
+        await eventually(lambda: effects(db, payment_id), lambda e: e["status"] == "PAID")
+
+    dead = await drain(amqp, work.dlq)
+    assert sorted(m.body for m in dead) == sorted([paid, settled])
+    # aiormq gave each DLQ copy a random id when the worker published it there (it publishes
+    # nothing without one): two different ids, and the error says the original had none.
+    assert len({m.message_id for m in dead}) == 2
+    for message in dead:
+        assert header(message, "reason") == "invalid_message"
+        assert "message_id" in header(message, "error")
+        assert header(message, "original_queue") == work.name
+        assert int(header(message, "attempts")) == 1
+    for queue in (work.name, *work.retry_queues):
+        assert await drain(amqp, queue) == []
+    # Neither reached the handler: no idempotency row under the empty key, and the order moved
+    # only once, by the message with an id.
+    assert await db.fetchval("SELECT count(*) FROM processed_events WHERE event_id = ''") == 0
+    transitions = await db.fetch(
+        "SELECT to_status FROM order_transitions WHERE payment_id = $1", payment_id
+    )
+    assert [r["to_status"] for r in transitions] == ["PAID"]
