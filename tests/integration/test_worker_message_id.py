@@ -22,7 +22,7 @@ from services.orders.handler import make_handler as orders_handler
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
-from shared.metrics import WorkerMetrics
+from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
 from shared.outbox import OutboxRelay
 from shared.topology import Topology, declare
 from shared.worker import Handler, Worker
@@ -39,7 +39,9 @@ async def orders_worker(
     pool = await create_pool(settings.database_url, max_size=2)
     broker = Broker(settings.amqp_url, topology)
     await broker.start()
-    handler: Handler = orders_handler(pool, OutboxRelay(pool, broker))
+    handler: Handler = orders_handler(
+        pool, OutboxRelay(pool, broker), OrderMetrics.create(new_registry())
+    )
     worker = Worker("orders", broker, topology.work["orders"], handler, WorkerMetrics.create("t"))
     try:
         await broker.wait_connected(10)
