@@ -15,6 +15,7 @@ from services.ingest.webhook import (
     ID_HEADER,
     MalformedWebhookError,
     RejectedWebhookError,
+    Signed,
     Webhook,
     authenticate,
     parse_body,
@@ -48,6 +49,7 @@ class _Answer:
     headers: dict[str, str] = field(default_factory=dict)
     reason: str | None = None  # why unavailable, for the log line
     close: bool = False  # close the connection after answering
+    signed: Signed | None = None  # an authentically signed delivery: which secret, what skew
 
 
 async def receive_webhook(request: web.Request) -> web.Response:
@@ -58,6 +60,15 @@ async def receive_webhook(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     metrics.webhooks_received.labels(provider=PROVIDER, outcome=answer.outcome).inc()
     metrics.ingest_duration.observe(duration_s)
+    fields: dict[str, object] = {}
+    if answer.reason:
+        fields["reason"] = answer.reason
+    if (signed := answer.signed) is not None:
+        metrics.secret_matched.labels(secret_index=str(signed.secret_index)).inc()
+        fields["secret_index"] = signed.secret_index
+        if signed.clock_skew_s is not None:
+            metrics.clock_skew.observe(signed.clock_skew_s)
+            fields["clock_skew_s"] = round(signed.clock_skew_s, 3)
     event = log.warning if answer.outcome == "unavailable" else log.info
     event(
         "webhook.received",
@@ -67,7 +78,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
         outcome=answer.outcome,
         status=answer.status,
         duration_s=round(duration_s, 6),
-        **({"reason": answer.reason} if answer.reason else {}),
+        **fields,
     )
     response = web.json_response(answer.payload, status=answer.status, headers=answer.headers)
     if answer.close:
@@ -81,7 +92,7 @@ async def _answer(request: web.Request, deadline: float) -> _Answer:
     try:
         delivery = read_delivery(request.headers)
         body = await read_body(request)
-        authenticate(
+        signed = authenticate(
             delivery,
             body,
             settings.webhook_secrets,
@@ -102,12 +113,15 @@ async def _answer(request: web.Request, deadline: float) -> _Answer:
     except MalformedWebhookError as e:
         return _error(400, "malformed", str(e))
     except RejectedWebhookError as e:
-        return _error(401, e.outcome, str(e))
+        answer = _error(401, e.outcome, str(e))
+        answer.signed = e.signed
+        return answer
 
     if not is_routed(webhook.event_type):
         log.info("webhook.unrouted", event_id=webhook.event_id, event_type=webhook.event_type)
     answer = await _accept(request, webhook, deadline)
     answer.event_type = webhook.event_type
+    answer.signed = signed
     return answer
 
 
