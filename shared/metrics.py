@@ -16,6 +16,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # Latency buckets in seconds: the accept path lives in milliseconds, the hard budget is 10 s.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
+# Our clock minus X-Webhook-Timestamp, signed (negative: the timestamp is in our future).
+# Transit and whole-second timestamps put a healthy skew in [0, 2) s; the tolerance (300 s by
+# default) is where `stale` begins; beyond an hour it is a wrong unit or a dead clock.
+_CLOCK_SKEW_BUCKETS = (
+    *(-b for b in (3600.0, 600.0, 300.0, 120.0, 60.0, 30.0, 10.0, 5.0, 2.0, 1.0)),
+    0.0,
+    *(1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 3600.0),
+)
+
 _PROVIDER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -54,9 +63,14 @@ class IngestMetrics:
     publish_confirm_duration: Histogram
     accept_batch_size: Histogram
     sweeper_published: Counter
+    clock_skew: Histogram
+    secret_matched: Counter
 
     @classmethod
-    def create(cls, registry: CollectorRegistry | None = None) -> IngestMetrics:
+    def create(
+        cls, registry: CollectorRegistry | None = None, *, secrets: int = 0
+    ) -> IngestMetrics:
+        """`secrets`: how many webhook secrets are configured (each index exported at 0)."""
         registry = registry or CollectorRegistry()
         return cls(
             registry=registry,
@@ -90,6 +104,21 @@ class IngestMetrics:
                 "payhooks_ingest_sweeper_published",
                 "Stored webhooks whose publish was never confirmed, published by the sweeper.",
                 registry=registry,
+            ),
+            clock_skew=Histogram(
+                "payhooks_webhook_clock_skew_seconds",
+                "Our clock minus X-Webhook-Timestamp of authentically signed webhooks (stale"
+                " ones included); negative: the timestamp is in our future.",
+                buckets=_CLOCK_SKEW_BUCKETS,
+                registry=registry,
+            ),
+            secret_matched=_counter(
+                "payhooks_webhook_secret_matched",
+                "Authentically signed webhooks, by the position of the matching secret in"
+                " XHUB_WEBHOOK_SECRETS (0 = the first).",
+                registry,
+                "secret_index",
+                (str(i) for i in range(secrets)),
             ),
         )
 

@@ -28,7 +28,7 @@ def create_app(
     acceptor_config: AcceptorConfig | None = None,
     sweep_interval_s: float = 5.0,
 ) -> web.Application:
-    metrics = IngestMetrics.create()
+    metrics = IngestMetrics.create(secrets=len(settings.webhook_secrets))
     # Raw bodies: the signature covers the exact bytes received, so a `Content-Encoding:
     # gzip` body is checked (and stored) as sent, and then is no JSON (400), never inflated.
     app = base_app(metrics.registry, client_max_size=settings.max_body_bytes, raw_bodies=True)

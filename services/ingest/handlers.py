@@ -8,12 +8,15 @@ from dataclasses import dataclass, field
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from services.ingest.accept import PROVIDER, Acceptor, UnstorableWebhookError
 from services.ingest.webhook import (
     ID_HEADER,
     MalformedWebhookError,
     RejectedWebhookError,
+    Signed,
+    Webhook,
     authenticate,
     parse_body,
     read_delivery,
@@ -31,7 +34,8 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", IngestMetrics)
 ACCEPTOR = web.AppKey("acceptor", Acceptor)
 
-# The provider gives up on an answer after 10 s; ours must come well before that.
+# The provider gives up on an answer after 10 s; ours must come well before that. The budget
+# runs from the request's arrival (its headers), so reading the body spends it too.
 ACCEPT_BUDGET_S = 8.0
 RETRY_AFTER_S = "5"
 
@@ -45,15 +49,26 @@ class _Answer:
     headers: dict[str, str] = field(default_factory=dict)
     reason: str | None = None  # why unavailable, for the log line
     close: bool = False  # close the connection after answering
+    signed: Signed | None = None  # an authentically signed delivery: which secret, what skew
 
 
 async def receive_webhook(request: web.Request) -> web.Response:
     started = time.perf_counter()
-    answer = await _answer(request)
+    deadline = asyncio.get_running_loop().time() + ACCEPT_BUDGET_S
+    answer = await _answer(request, deadline)
     duration_s = time.perf_counter() - started
     metrics = request.app[METRICS]
     metrics.webhooks_received.labels(provider=PROVIDER, outcome=answer.outcome).inc()
     metrics.ingest_duration.observe(duration_s)
+    fields: dict[str, object] = {}
+    if answer.reason:
+        fields["reason"] = answer.reason
+    if (signed := answer.signed) is not None:
+        metrics.secret_matched.labels(secret_index=str(signed.secret_index)).inc()
+        fields["secret_index"] = signed.secret_index
+        if signed.clock_skew_s is not None:
+            metrics.clock_skew.observe(signed.clock_skew_s)
+            fields["clock_skew_s"] = round(signed.clock_skew_s, 3)
     event = log.warning if answer.outcome == "unavailable" else log.info
     event(
         "webhook.received",
@@ -63,7 +78,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
         outcome=answer.outcome,
         status=answer.status,
         duration_s=round(duration_s, 6),
-        **({"reason": answer.reason} if answer.reason else {}),
+        **fields,
     )
     response = web.json_response(answer.payload, status=answer.status, headers=answer.headers)
     if answer.close:
@@ -71,12 +86,13 @@ async def receive_webhook(request: web.Request) -> web.Response:
     return response
 
 
-async def _answer(request: web.Request) -> _Answer:
+async def _answer(request: web.Request, deadline: float) -> _Answer:
+    """The answer to one delivery; `deadline` (event loop time) ends the answer budget."""
     settings = request.app[SETTINGS]
     try:
         delivery = read_delivery(request.headers)
         body = await read_body(request)
-        authenticate(
+        signed = authenticate(
             delivery,
             body,
             settings.webhook_secrets,
@@ -86,40 +102,47 @@ async def _answer(request: web.Request) -> _Answer:
         webhook = parse_body(delivery, body)
     except SlowBodyError as e:
         # A 4xx would tell the provider never to send a non-money event again: 503 it is.
-        answer = _unavailable(str(e))
-        answer.close = True
-        return answer
+        return _unavailable(str(e), close=True)
     except web.HTTPRequestEntityTooLarge:
         return _error(413, "too_large", f"body over {settings.max_body_bytes} bytes")
-    except web.RequestPayloadError as e:  # a broken chunked encoding, say
-        return _error(400, "malformed", f"body could not be read: {e}")
+    except (web.RequestPayloadError, BadHttpMessage, ConnectionResetError) as e:
+        # The body broke off: a broken chunked encoding, or the client hung up mid-body (a
+        # handler already waiting for the body gets aiohttp's parser error itself). A
+        # transport failure, not a bad webhook: 503 so the provider sends it again.
+        return _unavailable(f"request body incomplete: {e}", close=True)
     except MalformedWebhookError as e:
         return _error(400, "malformed", str(e))
     except RejectedWebhookError as e:
-        return _error(401, e.outcome, str(e))
+        answer = _error(401, e.outcome, str(e))
+        answer.signed = e.signed
+        return answer
 
     if not is_routed(webhook.event_type):
         log.info("webhook.unrouted", event_id=webhook.event_id, event_type=webhook.event_type)
+    answer = await _accept(request, webhook, deadline)
+    answer.event_type = webhook.event_type
+    answer.signed = signed
+    return answer
+
+
+async def _accept(request: web.Request, webhook: Webhook, deadline: float) -> _Answer:
     try:
-        async with asyncio.timeout(ACCEPT_BUDGET_S):
+        async with asyncio.timeout_at(deadline):
             outcome = await request.app[ACCEPTOR].accept(webhook, storable_headers(request.headers))
     except UnstorableWebhookError as e:
-        answer = _error(400, "malformed", str(e))
-        answer.event_type = webhook.event_type
-        return answer
+        return _error(400, "malformed", str(e))
     except (UnavailableError, TimeoutError) as e:
-        answer = _unavailable(str(e) or "no answer within the budget")
-        answer.event_type = webhook.event_type
-        return answer
-    return _Answer(200, outcome.value, {"status": outcome.value}, webhook.event_type)
+        return _unavailable(str(e) or "no answer within the budget")
+    return _Answer(200, outcome.value, {"status": outcome.value})
 
 
 def _error(status: int, outcome: str, message: str) -> _Answer:
     return _Answer(status, outcome, {"status": "rejected", "error": message})
 
 
-def _unavailable(reason: str) -> _Answer:
+def _unavailable(reason: str, *, close: bool = False) -> _Answer:
     answer = _error(503, "unavailable", "temporarily unavailable, retry later")
     answer.headers["Retry-After"] = RETRY_AFTER_S
     answer.reason = reason
+    answer.close = close
     return answer

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from services.ingest.signatures import verify
+from services.ingest.signatures import matching_secret
 
 ID_HEADER = "X-Webhook-Id"
 TIMESTAMP_HEADER = "X-Webhook-Timestamp"
@@ -25,15 +25,30 @@ class MalformedWebhookError(ValueError):
     """The request can never be a valid webhook (400, outcome `malformed`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """What an authentically signed delivery says about our own configuration."""
+
+    # Position of the matching secret in XHUB_WEBHOOK_SECRETS (0 = the first): which secret
+    # X-Hub signs with, so an old one is retired on evidence. Never the secret itself.
+    secret_index: int
+    # Our clock minus X-Webhook-Timestamp, in seconds: positive when the delivery's timestamp
+    # is in our past (our clock ahead of X-Hub's, plus transit), negative when in our future.
+    # None for a timestamp of more than 15 digits, which no clock is near.
+    clock_skew_s: float | None
+
+
 class RejectedWebhookError(ValueError):
     """The request is not provably from the provider, now (401).
 
-    `outcome` is `invalid_signature` or `stale`.
+    `outcome` is `invalid_signature` or `stale`; a stale delivery was authentically signed,
+    and `signed` says how.
     """
 
-    def __init__(self, outcome: str, message: str) -> None:
+    def __init__(self, outcome: str, message: str, signed: Signed | None = None) -> None:
         super().__init__(message)
         self.outcome = outcome
+        self.signed = signed
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,20 +86,25 @@ def read_delivery(headers: Mapping[str, str]) -> Delivery:
 
 def authenticate(
     delivery: Delivery, body: bytes, secrets: tuple[bytes, ...], now_s: float, tolerance_s: int
-) -> None:
-    """Raise RejectedWebhookError unless the signature matches and the timestamp is fresh.
+) -> Signed:
+    """Which secret signed the delivery and how far its timestamp is from `now_s`; raise
+    RejectedWebhookError unless the signature matches and the timestamp is fresh.
 
     The signature is checked first: `stale` then means an authentic delivery with a clock
     too far off, which is what an operator needs to know.
     """
     if not delivery.signature:
         raise RejectedWebhookError("invalid_signature", f"missing {SIGNATURE_HEADER} header")
-    if not verify(secrets, delivery.timestamp, body, delivery.signature):
+    index = matching_secret(secrets, delivery.timestamp, body, delivery.signature)
+    if index is None:
         raise RejectedWebhookError("invalid_signature", "signature does not match")
     # A numeric timestamp far off (milliseconds, a negative one) is a clock problem: stale.
     # Digits beyond 15 can't be near now, and int() of thousands of digits is refused.
-    if len(delivery.timestamp) > 15 or abs(now_s - int(delivery.timestamp)) > tolerance_s:
-        raise RejectedWebhookError("stale", "timestamp outside the allowed tolerance")
+    skew_s = None if len(delivery.timestamp) > 15 else now_s - int(delivery.timestamp)
+    signed = Signed(index, skew_s)
+    if skew_s is None or abs(skew_s) > tolerance_s:
+        raise RejectedWebhookError("stale", "timestamp outside the allowed tolerance", signed)
+    return signed
 
 
 def parse_body(delivery: Delivery, body: bytes) -> Webhook:

@@ -8,7 +8,7 @@ import hmac
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.ingest.signatures import sign, verify
+from services.ingest.signatures import matching_secret, sign, verify
 
 TIMESTAMP = "1700000000"
 BODY = b'{"event":"payment.status_changed","payment_id":"pay_1"}'
@@ -50,6 +50,18 @@ def test_removed_secret_is_rejected() -> None:
     signed_with_retired = sign(b"retired", TIMESTAMP, BODY)
 
     assert not verify([b"new", b"current"], TIMESTAMP, BODY, signed_with_retired)
+
+
+def test_matching_secret_is_its_position_in_the_configured_list() -> None:
+    secrets = [b"new", b"current", b"old"]
+
+    for index, secret in enumerate(secrets):
+        assert matching_secret(secrets, TIMESTAMP, BODY, sign(secret, TIMESTAMP, BODY)) == index
+    assert matching_secret(secrets, TIMESTAMP, BODY, sign(b"retired", TIMESTAMP, BODY)) is None
+
+
+def test_a_secret_configured_twice_matches_at_its_first_position() -> None:
+    assert matching_secret([b"a", b"b", b"b"], TIMESTAMP, BODY, sign(b"b", TIMESTAMP, BODY)) == 1
 
 
 def test_no_configured_secret_rejects_everything() -> None:

@@ -17,6 +17,7 @@ from services.ingest.webhook import (
     Delivery,
     MalformedWebhookError,
     RejectedWebhookError,
+    Signed,
     Webhook,
     authenticate,
     parse_body,
@@ -88,13 +89,23 @@ def test_event_id_of_255_characters_is_accepted() -> None:
 def test_signed_fresh_delivery_authenticates() -> None:
     delivery = read_delivery(headers_for(BODY))
 
-    authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
+    assert authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S) == Signed(0, 0)
 
 
 def test_delivery_signed_with_the_previous_secret_authenticates() -> None:
     delivery = read_delivery(headers_for(BODY, secret=OLD_SECRET))
 
-    authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
+    assert authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S).secret_index == 1
+
+
+@pytest.mark.parametrize("skew_s", [-TOLERANCE_S + 1, -7, 0, 42, TOLERANCE_S - 1])
+def test_clock_skew_is_our_clock_minus_the_timestamp(skew_s: int) -> None:
+    """Positive: the delivery's timestamp lies in our past (our clock is ahead)."""
+    delivery = read_delivery(headers_for(BODY, timestamp=NOW_S - skew_s))
+
+    assert authenticate(delivery, BODY, SECRETS, NOW_S + 0.25, TOLERANCE_S) == Signed(
+        0, skew_s + 0.25
+    )
 
 
 def test_delivery_signed_with_a_removed_secret_is_rejected() -> None:
@@ -137,6 +148,16 @@ def test_timestamp_outside_tolerance_is_rejected_as_stale(skew_s: int) -> None:
     with pytest.raises(RejectedWebhookError) as raised:
         authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
     assert raised.value.outcome == "stale"
+    # Authentic, only late or early: which secret and how far off still reach the metrics.
+    assert raised.value.signed == Signed(0, -skew_s)
+
+
+def test_stale_delivery_signed_with_the_previous_secret_says_so() -> None:
+    delivery = read_delivery(headers_for(BODY, secret=OLD_SECRET, timestamp=NOW_S - 1000))
+
+    with pytest.raises(RejectedWebhookError) as raised:
+        authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
+    assert raised.value.signed == Signed(1, 1000)
 
 
 @pytest.mark.parametrize(
@@ -153,6 +174,12 @@ def test_numeric_timestamp_far_from_now_is_stale_not_malformed(timestamp: str) -
     with pytest.raises(RejectedWebhookError) as raised:
         authenticate(read_delivery(headers), BODY, SECRETS, NOW_S, TOLERANCE_S)
     assert raised.value.outcome == "stale"
+    assert raised.value.signed is not None
+    assert raised.value.signed.secret_index == 0
+    if len(timestamp) > 15:  # no clock is near it: not measured
+        assert raised.value.signed.clock_skew_s is None
+    else:
+        assert raised.value.signed.clock_skew_s == NOW_S - int(timestamp)
 
 
 @pytest.mark.parametrize("timestamp", ["12a", "1.5", "+5", "--1", "\u0661\u0667\u0660\u0660", " "])
@@ -185,6 +212,7 @@ def test_bad_signature_wins_over_stale_timestamp() -> None:
     with pytest.raises(RejectedWebhookError) as raised:
         authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
     assert raised.value.outcome == "invalid_signature"
+    assert raised.value.signed is None  # anyone can send this: no skew, no secret recorded
 
 
 # parse_body
