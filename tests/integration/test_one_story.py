@@ -6,6 +6,7 @@ The orders worker's side is played here: it commits a payment's transitions one 
 each `order.*` message exists only once its transition is committed. Every schedule
 interleaves those commits with the bonus and email handlers taking the messages, in any order,
 some twice (a redelivery, a retry the ladder reordered). Real PostgreSQL and a real SMTP server.
+The last test runs the whole system through RabbitMQ with paid and refund webhooks racing.
 """
 
 from __future__ import annotations
@@ -27,13 +28,22 @@ from services.bonuses.handler import make_handler as bonus_handler
 from services.email.handler import make_handler as email_handler
 from services.email.sender import SmtpSender
 from services.email.templates import REFUNDED, SUCCEEDED
+from services.sim.summary import actual_effects, story_problems
 from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
 from shared.queries import orders as orders_sql
+from shared.topology import Topology
 from shared.worker import Delivery, Handler
 from tests.conftest import SmtpSink
-from tests.integration.system import register
+from tests.helpers import payment_event
+from tests.integration.system import (
+    gather_posts,
+    quiescent,
+    register,
+    start_system,
+    system_settings,
+)
 
 POINTS = 500
 EMAIL_FROM = "payhooks@example.test"
@@ -253,3 +263,45 @@ async def test_the_paid_and_refund_messages_handled_at_once_tell_one_story(
     finally:
         await sender.close()
         await pool.close()
+
+
+# --- the whole system: paid and refund webhooks racing through RabbitMQ -----------------------
+
+
+async def test_paid_and_refund_webhooks_sent_together_tell_one_story_end_to_end(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> None:
+    """The issue's first report: paid and refunded close together, through ingest, RabbitMQ
+    and every worker (prefetch lets each worker take both transitions at once). Whichever
+    wins each race, every payment's ledger follows its transitions, nets 0, and its emails
+    never tell a different story."""
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
+    )
+    payment_ids = [f"pay_race_{n}_{uuid.uuid4().hex[:6]}" for n in range(30)]
+    for payment_id in payment_ids:
+        await register(db, payment_id)
+    await gather_posts(
+        system.ingest,
+        [
+            (
+                payment_event(payment_id, status, created_at=f"2026-11-30T10:0{n}:00Z"),
+                f"{s}_{payment_id}",
+            )
+            for payment_id in payment_ids
+            for n, (status, s) in enumerate((("paid", "p"), ("refunded", "r")))
+        ],
+    )
+    await quiescent(db, system)
+
+    actual = await actual_effects(db, payment_ids)
+    for payment_id in payment_ids:
+        got = actual[payment_id]
+        assert (got["status"], got["bonus"]) == ("REFUNDED", 0), got
+        assert story_problems(got["transitions"], got["ledger"], got["emails"]) == [], got
+        await assert_one_story(db, smtp[0], payment_id, got["transitions"])
