@@ -189,7 +189,10 @@ class Broker:
 
     async def close(self) -> None:
         if self._task is not None:
-            await cancel_and_wait(self._task)
+            # A cancellation that lands while aio-pika opens the connection or a channel can be
+            # swallowed there; the task then connected and watched for ever (a shutdown that
+            # never ended, seen as a 60 s test teardown timeout).
+            await cancel_and_wait(self._task, again_after_s=_CLOSE_S / 5)
         if self._connection is not None:
             # Bounded: a connection half-way through a reconnect can keep close() waiting.
             try:
@@ -320,15 +323,28 @@ class Broker:
                 # connect task that died on it left ingest answering 503 for good.
                 if not isinstance(e, Exception):
                     raise
+                if _cancelling():  # our cancellation came back as an aio-pika error
+                    raise asyncio.CancelledError from e
                 delay = _RECONNECT_BACKOFF_S[min(attempt, len(_RECONNECT_BACKOFF_S) - 1)]
                 attempt += 1
                 log.warning("broker.connect_failed", error=repr(e), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 continue
+            if _cancelling():  # cancelled, but aio-pika swallowed it
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                        await asyncio.shield(connection.close())
+                raise asyncio.CancelledError
             self._connection, self._channel, self._exchange = connection, channel, exchange
             self._connected.set()
             log.info("broker.connected")
             return
+
+
+def _cancelling() -> bool:
+    """Whether the running task has been asked to cancel (whatever caught the error)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 BROKER = web.AppKey("broker", Broker)
