@@ -54,7 +54,7 @@ bench-workers: install
 	$(PY) -m bench.workers
 
 # Every fault round (or ROUNDS=rabbitmq-stop,kill-orders): stops, kills and restarts this
-# machine's RabbitMQ and PostgreSQL, so never beside other tests. About 20 minutes.
+# machine's RabbitMQ and PostgreSQL, so never beside other tests. About 15 minutes.
 chaos: install
 	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),)
 
