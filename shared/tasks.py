@@ -17,7 +17,6 @@ async def cancel_and_wait(task: asyncio.Task[Any], *, again_after_s: float | Non
 
     `again_after_s`: cancel again at that interval while it runs on, for tasks inside
     libraries known to swallow a cancellation (aio-pika/aiormq while a connection opens).
-    A cancellation of the caller itself is not swallowed here.
     """
     task.cancel()
     while again_after_s is not None and not task.done():
@@ -25,12 +24,10 @@ async def cancel_and_wait(task: asyncio.Task[Any], *, again_after_s: float | Non
         if not task.done():
             log.info("task.cancelled_again", task=task.get_name())
             task.cancel()
-    try:
+    # Also when the caller itself was cancelled: a shutdown runs its cleanup inside a task
+    # aiohttp has cancelled, and a CancelledError out of a cleanup context fails the exit code.
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise
 
 
 @contextlib.asynccontextmanager
