@@ -66,11 +66,8 @@ async def emails_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Re
 async def templates_sent(conn: Executor, payment_ids: Sequence[str]) -> dict[str, list[str]]:
     """payment id -> the templates sent for it, oldest first (skipped ones left out)."""
     rows = await conn.fetch(
-        "SELECT payment_id, template FROM emails_sent WHERE payment_id = ANY($1::text[])"
-        " AND NOT skipped ORDER BY sent_at",
+        "SELECT payment_id, array_agg(template ORDER BY sent_at) AS templates FROM emails_sent"
+        " WHERE payment_id = ANY($1::text[]) AND NOT skipped GROUP BY payment_id",
         list(payment_ids),
     )
-    sent: dict[str, list[str]] = {}
-    for r in rows:
-        sent.setdefault(r["payment_id"], []).append(r["template"])
-    return sent
+    return {r["payment_id"]: list(r["templates"]) for r in rows}

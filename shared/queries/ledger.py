@@ -63,11 +63,8 @@ async def balances(conn: Executor, payment_ids: Sequence[str]) -> dict[str, int]
 async def kinds(conn: Executor, payment_ids: Sequence[str]) -> dict[str, list[str]]:
     """payment id -> its ledger's entry kinds, oldest first."""
     rows = await conn.fetch(
-        "SELECT payment_id, kind FROM bonus_ledger WHERE payment_id = ANY($1::text[])"
-        " ORDER BY transition_id, id",
+        "SELECT payment_id, array_agg(kind ORDER BY transition_id, id) AS kinds"
+        " FROM bonus_ledger WHERE payment_id = ANY($1::text[]) GROUP BY payment_id",
         list(payment_ids),
     )
-    found: dict[str, list[str]] = {}
-    for r in rows:
-        found.setdefault(r["payment_id"], []).append(r["kind"])
-    return found
+    return {r["payment_id"]: list(r["kinds"]) for r in rows}

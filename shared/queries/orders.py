@@ -235,14 +235,11 @@ async def statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, str]
 async def transition_statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, list[str]]:
     """payment id -> the statuses its order moved to, oldest first."""
     rows = await conn.fetch(
-        "SELECT payment_id, to_status FROM order_transitions"
-        " WHERE payment_id = ANY($1::text[]) ORDER BY id",
+        "SELECT payment_id, array_agg(to_status ORDER BY id) AS statuses FROM order_transitions"
+        " WHERE payment_id = ANY($1::text[]) GROUP BY payment_id",
         list(payment_ids),
     )
-    found: dict[str, list[str]] = {}
-    for r in rows:
-        found.setdefault(r["payment_id"], []).append(r["to_status"])
-    return found
+    return {r["payment_id"]: list(r["statuses"]) for r in rows}
 
 
 async def reconciled_transitions(conn: Executor, payment_ids: Sequence[str]) -> int:

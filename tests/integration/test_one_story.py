@@ -33,17 +33,10 @@ from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
 from shared.queries import orders as orders_sql
-from shared.topology import Topology
 from shared.worker import Delivery, Handler
 from tests.conftest import SmtpSink
 from tests.helpers import payment_event
-from tests.integration.system import (
-    gather_posts,
-    quiescent,
-    register,
-    start_system,
-    system_settings,
-)
+from tests.integration.system import System, gather_posts, quiescent, register
 
 POINTS = 500
 EMAIL_FROM = "payhooks@example.test"
@@ -269,20 +262,12 @@ async def test_the_paid_and_refund_messages_handled_at_once_tell_one_story(
 
 
 async def test_paid_and_refund_webhooks_sent_together_tell_one_story_end_to_end(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
-    db: Any,
+    system: System, smtp: tuple[SmtpSink, int], db: Any
 ) -> None:
     """The issue's first report: paid and refunded close together, through ingest, RabbitMQ
     and every worker (prefetch lets each worker take both transitions at once). Whichever
     wins each race, every payment's ledger follows its transitions, nets 0, and its emails
     never tell a different story."""
-    system = await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
     payment_ids = [f"pay_race_{n}_{uuid.uuid4().hex[:6]}" for n in range(30)]
     for payment_id in payment_ids:
         await register(db, payment_id)

@@ -377,20 +377,6 @@ async def test_the_synthetic_event_carries_the_provider_amount_and_status_exactl
 REFUNDED_AT = "2026-11-30T11:00:00+00:00"
 
 
-@pytest.fixture
-async def system(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
-    db: Any,
-) -> System:
-    return await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
-
-
 async def refunded_order(system: Any, db: Any, payment_id: str) -> None:
     """An order paid, then refunded at REFUNDED_AT (provider time), with both effects done."""
     await register(db, payment_id)

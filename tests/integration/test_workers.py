@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from shared.config import Settings
-from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import payment_event
 from tests.integration.system import (
@@ -16,23 +12,7 @@ from tests.integration.system import (
     post,
     quiescent,
     register,
-    start_system,
-    system_settings,
 )
-
-
-@pytest.fixture
-async def system(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
-    db: Any,
-) -> System:
-    """All four services of the effect path, each its own app as in production."""
-    settings: Settings = system_settings(make_settings, smtp[1])
-    return await start_system(aiohttp_client, settings, amqp, topology)
 
 
 async def test_paid_webhook_makes_order_paid_grants_bonus_and_sends_one_email(
