@@ -31,8 +31,6 @@ from tests.integration.system import (
     post,
     quiescent,
     register,
-    start_system,
-    system_settings,
 )
 
 API_KEY = "test-provider-key"
@@ -120,18 +118,12 @@ async def make_stale(db: Any, payment_id: str) -> None:
 
 
 async def test_lost_webhook_is_repaired_once_and_the_late_webhook_changes_nothing(
-    aiohttp_client: Any,
-    make_settings: Any,
+    system: System,
     smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
     db: Any,
     provider: FakeProvider,
     reconciler: Any,
 ) -> None:
-    system = await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
     await register(db, "pay_lost")
     await make_stale(db, "pay_lost")
     provider.set("pay_lost", "paid")
@@ -217,20 +209,13 @@ async def test_two_reconcilers_at_once_send_one_repair(
 
 
 async def test_paid_order_whose_refund_webhook_was_lost_is_refunded_and_the_bonus_clawed_back(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
+    system: System,
     db: Any,
     provider: FakeProvider,
     reconciler: Any,
 ) -> None:
     """SPEC 6, "PAID but never SETTLED": the provider refunded the payment, the webhook never
     arrived; the reconciler asks about the PAID order and the refund's effects follow."""
-    system = await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
     await register(db, "pay_refund_lost")
     await post(system.ingest, payment_event("pay_refund_lost", "paid"))
     paid = {"status": "PAID", "bonus": 500, "ledger": ["grant"], "emails": ["payment_succeeded"]}
@@ -339,11 +324,7 @@ async def test_a_failing_provider_ends_the_pass_and_the_rest_stay_due(
      ("100.00", "Paid", "PAID")],
 )  # fmt: skip
 async def test_the_synthetic_event_carries_the_provider_amount_and_status_exactly(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
+    system: System,
     db: Any,
     provider: FakeProvider,
     reconciler: Any,
@@ -353,7 +334,6 @@ async def test_the_synthetic_event_carries_the_provider_amount_and_status_exactl
 ) -> None:
     """No rounding on the way (99.995 must not become a matching 100.00, which would grant a
     bonus for an underpayment); the provider's status is read case-insensitively."""
-    await start_system(aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology)
     await register(db, "pay_exact")
     await make_stale(db, "pay_exact")
     provider.set("pay_exact", status, amount=provider_amount)
