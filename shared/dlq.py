@@ -175,11 +175,8 @@ async def depth(channel: AbstractChannel, queue: str) -> int:
 
 async def _read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
     """Every ready message, unacknowledged (the caller acks or hands back each one)."""
-    q = await channel.get_queue(queue, ensure=False)
     messages: list[AbstractIncomingMessage] = []
-    async with _existing(queue):
-        while (message := await q.get(no_ack=False, fail=False)) is not None:
-            messages.append(message)
+    await _consume_all(channel, queue, messages)
     return messages
 
 
@@ -194,12 +191,8 @@ async def _hand_back(messages: Sequence[AbstractIncomingMessage]) -> None:
 async def show(
     channel: AbstractChannel, dlq: str, *, lock_wait_s: float | None = None
 ) -> list[DeadLetter]:
-    async with reading(channel, dlq, wait_s=lock_wait_s):
-        messages = await _read_all(channel, dlq)
-        try:
-            return [describe(m, dlq) for m in messages]
-        finally:
-            await _hand_back(messages)
+    async with peeking(channel, dlq, lock_wait_s=lock_wait_s) as messages:
+        return [describe(m, dlq) for m in messages]
 
 
 _PEEK_PREFETCH = 65535
