@@ -267,14 +267,21 @@ def decide(state: OrderState, event: ProviderEvent) -> Decision:
     return _unchanged(Reason.IGNORED_EVENT)
 
 
+def _target(state: OrderState, event: ProviderEvent) -> OrderStatus | None:
+    """The status a status_changed event names for this order (AMOUNT_MISMATCH when its money
+    differs, D1); None for pending or a status we do not know."""
+    status = event.status or ""
+    if status in CHECKED_STATUSES and not _money_matches(state, event):
+        return S.AMOUNT_MISMATCH
+    return STATUS_TARGETS.get(status)
+
+
 def _status_changed(state: OrderState, event: ProviderEvent) -> Decision:
     status = event.status or ""
-    target = STATUS_TARGETS.get(status)
+    target = _target(state, event)
     if target is None:
         return _unchanged(Reason.IGNORED_STATUS)  # pending, or a status we do not know
-    mismatch = status in CHECKED_STATUSES and not _money_matches(state, event)
-    if mismatch:
-        target = S.AMOUNT_MISMATCH
+    mismatch = target is S.AMOUNT_MISMATCH and status in CHECKED_STATUSES
     if target == state.status:
         return _unchanged(Reason.NO_STATE_CHANGE)
     if _reversed_at_provider(state, event, target):
@@ -351,11 +358,7 @@ def _after(moment: datetime | None, than: datetime | None) -> bool:
 
 def agrees(state: OrderState, event: ProviderEvent) -> bool:
     """Whether the provider's status (a checked event) is the order's own: nothing to ask."""
-    status = event.status or ""
-    target = STATUS_TARGETS.get(status)
-    if status in CHECKED_STATUSES and not _money_matches(state, event):
-        target = S.AMOUNT_MISMATCH
-    return target == state.status
+    return _target(state, event) == state.status
 
 
 def _money_matches(state: OrderState, event: ProviderEvent) -> bool:
