@@ -29,6 +29,7 @@ from services.email.handler import make_handler as email_handler
 from services.email.sender import SmtpSender
 from services.email.templates import REFUNDED, SUCCEEDED
 from services.sim.summary import actual_effects, story_problems
+from shared import support
 from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
@@ -219,12 +220,20 @@ async def test_refund_reversal_refund_nets_zero_with_a_ledger_row_per_transition
     # email of the earlier PAID is recorded as skipped, never sent.
     await workers.email(message(payment_id, 0, "PENDING", "PAID"))
     await assert_one_story(db, smtp[0], payment_id, statuses)
-    skipped = await db.fetchval(
-        "SELECT skipped FROM emails_sent WHERE payment_id = $1 AND template = $2",
-        payment_id,
-        SUCCEEDED,
-    )
-    assert skipped is True
+    # SPEC 5 and 7: the payment view shows the skipped email, and each ledger row's transition.
+    view = await support.payment_view(db, payment_id, [])
+    assert view is not None
+    emails = {e["template"]: e for e in view["emails"]}
+    assert (emails[SUCCEEDED]["skipped"], emails[SUCCEEDED]["sent_at"]) == (True, None)
+    assert emails[REFUNDED]["skipped"] is False
+    assert emails[REFUNDED]["sent_at"] is not None
+    transitions = {t["id"]: t["to"] for t in view["transitions"]}
+    assert [(b["kind"], transitions[b["transition_id"]]) for b in view["bonus"]] == [
+        ("grant", "PAID"),
+        ("clawback", "REFUNDED"),
+        ("restore", "PAID"),
+        ("clawback", "REFUNDED"),
+    ]
 
 
 async def test_the_paid_and_refund_messages_handled_at_once_tell_one_story(
