@@ -239,8 +239,8 @@ def run_one(
     busy = machine_after[0] - machine_before[0]
     cpu_pct["all"] = 100 * busy / CLK_TCK / wall
 
-    # Rows a failed batch may have committed are published by the sweeper once their claim
-    # lapses (AcceptorConfig.claim_lease_s): give it that long to settle.
+    # Rows a failed batch may have committed are published by the sweeper once they are
+    # older than services/ingest/sweeper.py's SWEEP_AFTER_S: give it that long to settle.
     deadline = time.monotonic() + args.settle_seconds
     while True:
         check = asyncio.run(_check(args.database_url, args.amqp_url, queue, run_id, summary.ok_ids))

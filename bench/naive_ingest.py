@@ -3,7 +3,7 @@
 The same endpoint as `payhooks run ingest` (handler, signature check, parsing, logging,
 metrics, inbox table, topology), with only the accept path replaced: per request one
 `INSERT ... ON CONFLICT DO NOTHING RETURNING` in its own transaction and one awaited publish
-confirm, then the answer. No sweeper, no claims: it exists to be measured, not deployed.
+confirm, then the answer. No sweeper: it exists to be measured, not deployed.
 
     python -m bench.naive_ingest     # same environment variables as `payhooks run ingest`
 """

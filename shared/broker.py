@@ -26,6 +26,7 @@ from aio_pika.abc import (
     DeliveryMode,
 )
 from aiohttp import web
+from aiormq import spec
 from yarl import URL
 
 from shared.errors import UnavailableError
@@ -71,6 +72,18 @@ def to_message(outgoing: Outgoing) -> aio_pika.Message:
         delivery_mode=DeliveryMode.PERSISTENT,
         headers=dict(outgoing.headers),
         timestamp=dt.datetime.now(dt.UTC),
+    )
+
+
+def _properties(outgoing: Outgoing, now: dt.datetime) -> spec.Basic.Properties:
+    """The AMQP properties to_message() would give `outgoing`, built directly."""
+    return spec.Basic.Properties(
+        content_type="application/json",
+        delivery_mode=DeliveryMode.PERSISTENT.value,
+        headers=dict(outgoing.headers),
+        message_id=message_id(outgoing.message_id),
+        message_type=routing_key(outgoing.type),
+        timestamp=now,
     )
 
 
@@ -255,20 +268,33 @@ class Broker:
             and not self._channel.is_closed
         )
 
-    def start_publishes(self, messages: Sequence[Outgoing]) -> list[asyncio.Future[None]]:
+    async def start_publishes(self, messages: Sequence[Outgoing]) -> list[asyncio.Future[None]]:
         """Send every message now; one future per message that resolves at its confirm.
 
         A future that fails means "not published". One still pending after a deadline means
         "unknown": the frames may be in the broker already and a late confirm can still come,
         so callers must not cancel it (and must not treat it as failed for sure).
         """
-        if self._exchange is None or not self.is_ready:
+        if self._exchange is None or self._channel is None or not self.is_ready:
             return [_failed(UnavailableError("RabbitMQ is not connected")) for _ in messages]
         if self.blocked:
             return [_failed(BlockedError()) for _ in messages]
-        exchange = self._exchange
+        # Straight onto the exchange's channel (aiormq), without an aio_pika.Message per
+        # message: the same frames for a fraction of the work at ingest's rates. The channel
+        # was opened with on_return_raises, so an unroutable mandatory message still fails.
+        channel = await self._channel.get_underlay_channel()
+        exchange = self._exchange.name
+        now = dt.datetime.now(dt.UTC)
         futures = [
-            asyncio.ensure_future(exchange.publish(to_message(m), m.routing_key, mandatory=True))
+            asyncio.ensure_future(
+                channel.basic_publish(
+                    m.body,
+                    exchange=exchange,
+                    routing_key=m.routing_key,
+                    properties=_properties(m, now),
+                    mandatory=True,
+                )
+            )
             for m in messages
         ]
         for future in futures:
@@ -280,7 +306,7 @@ class Broker:
     ) -> list[BaseException | None]:
         """Publish and wait up to `timeout_s`; None per confirmed message, else its error
         (PublishTimeoutError when the outcome is unknown)."""
-        futures = self.start_publishes(messages)
+        futures = await self.start_publishes(messages)
         await self.wait_confirms(futures, timeout_s)
         return [publish_error(f) for f in futures]
 

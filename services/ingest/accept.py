@@ -1,44 +1,50 @@
-"""The accept path: store and publish webhooks in shared batches (group commit).
+"""The accept path: store and publish webhooks in shared batches, answer after the confirm.
 
-Concurrent requests hand their webhook to one Acceptor. A batch shares one INSERT statement
-(one commit) and one burst of publishes whose confirms are awaited together, so at load the
-cost of a round-trip to PostgreSQL and to RabbitMQ is paid once per batch, not per request.
-Batches form by themselves: while `max_in_flight` batches are busy, newcomers queue up and
-leave together in the next one, up to `max_pending` of them: beyond that (overload), or while
-RabbitMQ blocks publishers, a request is refused at once (503). A request is answered
-`accepted` only when its row is committed and its message confirmed.
+Concurrent requests hand their webhook to one Acceptor and wait. While `max_in_flight`
+batches are busy, newcomers queue up and leave together in the next batch (up to
+`max_pending` wait; beyond that, or while RabbitMQ blocks publishers, a request is refused at
+once). A batch is one INSERT (new events stored, copies counted) and one burst of publishes
+whose confirms are awaited together; each request is answered when its event is stored and
+some publish of it is confirmed. Publishing is at least once: consumers dedup by message id,
+so a copy of an event stored but never confirmed simply publishes it again. Within this
+process a copy rides on a publish of the same event still in flight (one message for
+concurrent copies); the row is marked published after its confirm, and the sweeper
+publishes rows whose confirm never came (a crash or outage between commit and confirm).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import structlog
 
-from services.ingest.publishing import (
-    ClaimedPublisher,
-    ClaimedRow,
-    outgoing,
-    retry_deadlock,
-    wait_published,
-)
 from services.ingest.webhook import Webhook
-from shared.broker import BlockedError, Broker
+from shared.broker import BlockedError, Broker, Outgoing, publish_error
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
 from shared.queries import inbox as inbox_sql
 from shared.tasks import cancel_and_wait
+from shared.topology import routing_key
 
 log = structlog.get_logger(__name__)
 
 PROVIDER = "xhub"
+# Confirms gathered into one `published_at` UPDATE.
+MARK_WINDOW_S = 0.02
+# A publish of this process still unconfirmed after this long is not waited for by copies:
+# they publish again (a lost confirm must not keep an event at 503 for good).
+STALE_PUBLISH_S = 30.0
+# Statements PostgreSQL aborts to break a deadlock are run again this many times in all.
+_DEADLOCK_ATTEMPTS = 3
+
+T = TypeVar("T")
 
 
 class UnstorableWebhookError(PermanentError):
@@ -64,13 +70,6 @@ class AcceptorConfig:
     max_pending: int = 512
     db_timeout_s: float = 4.0
     publish_timeout_s: float = 4.0
-    # How long a claim on an unconfirmed row lasts before a retry or the sweeper may take it
-    # over: longer than a batch's own deadlines, short against the provider's ladder.
-    claim_lease_s: float = 10.0
-    # How long after its arrival a copy waits for another holder of the event's claim (another
-    # replica) to publish or let go of it before 503; a publish from here may follow, and
-    # both together stay inside the handler's ACCEPT_BUDGET_S.
-    holder_wait_s: float = 3.0
 
 
 def _new_future() -> asyncio.Future[Outcome]:
@@ -85,25 +84,13 @@ class _Item:
     webhook: Webhook
     headers: dict[str, str]
     future: asyncio.Future[Outcome] = field(default_factory=_new_future)
-    arrived: float = field(default_factory=time.monotonic)
 
 
-class AbandonedClaims:
-    """Claims of this process's batches that gave up without knowing whether their rows were
-    written; remembered for one lease, after which any claim lapses anyway."""
-
-    def __init__(self, lease_s: float) -> None:
-        self._lease_s = lease_s
-        self._until: dict[uuid.UUID, float] = {}
-
-    def add(self, claim: uuid.UUID) -> None:
-        self._until[claim] = time.monotonic() + self._lease_s
-
-    def active(self) -> list[uuid.UUID]:
-        now = time.monotonic()
-        for claim in [c for c, until in self._until.items() if until < now]:
-            del self._until[claim]
-        return list(self._until)
+def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
+    """The message of a stored webhook (message id = event id, routed by event type; AMQP
+    short strings hold 255 bytes, the full type and id stay in the body and the inbox)."""
+    key = routing_key(event_type)
+    return Outgoing(key, body, event_id, key, {"provider": provider})
 
 
 class Acceptor:
@@ -123,8 +110,10 @@ class Acceptor:
         self._slots = asyncio.Semaphore(self._config.max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
-        self.publisher = ClaimedPublisher(pool, broker, self._config.publish_timeout_s)
-        self._abandoned = AbandonedClaims(self._config.claim_lease_s)
+        # This process's publishes by event id, from the send until the row's mark commits
+        # (or the publish fails): a copy arriving meanwhile waits for that confirm.
+        self._publishes: dict[str, tuple[asyncio.Future[None], float]] = {}
+        self._to_mark: list[tuple[int, str, asyncio.Future[None]]] = []
 
     async def accept(self, webhook: Webhook, headers: dict[str, str]) -> Outcome:
         """Store and publish; raise UnavailableError when either could not be done, or at
@@ -143,16 +132,13 @@ class Acceptor:
         self._loop_task = asyncio.create_task(self._dispatch(), name="acceptor")
 
     async def close(self) -> None:
-        """Finish every batch already taken, answer the rest 503."""
+        """Finish every batch already taken (and its marks), answer the rest 503."""
         if self._loop_task is not None:
             await cancel_and_wait(self._loop_task)
-        if self._tasks:
+        while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for item in self._pending:
-            if not item.future.done():
-                item.future.set_exception(UnavailableError("ingest is shutting down"))
+        _fail(self._pending, UnavailableError("ingest is shutting down"))
         self._pending.clear()
-        await self.publisher.close()
 
     async def _dispatch(self) -> None:
         while True:
@@ -162,12 +148,10 @@ class Acceptor:
             del self._pending[: self._config.max_batch]
             if not self._pending:
                 self._wakeup.clear()
-            if not batch:
+            if batch:
+                self._spawn(self._run(batch))
+            else:
                 self._slots.release()
-                continue
-            task = asyncio.create_task(self._run(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[_Item]) -> None:
         try:
@@ -181,138 +165,112 @@ class Acceptor:
     async def _store_and_publish(self, batch: list[_Item]) -> None:
         self._metrics.accept_batch_size.observe(len(batch))
         # Copies of one event inside a batch ride on the first copy (ON CONFLICT cannot
-        # touch one row twice in a statement).
+        # touch one row twice in a statement). Sorted: concurrent batches lock the rows they
+        # share in the same order (no deadlock).
         groups: dict[str, list[_Item]] = {}
         for item in batch:
-            key = inbox_sql.storable_text(item.webhook.event_id)
-            groups.setdefault(key, []).append(item)
-        # Sorted: concurrent batches lock the rows they share in the same order (no deadlock).
+            groups.setdefault(inbox_sql.storable_text(item.webhook.event_id), []).append(item)
         entries = [
             inbox_sql.InboxEntry(
-                event_id=key,
-                event_type=w.event_type,
-                payment_id=w.payment_id,
-                body=w.body,
-                headers=items[0].headers,
+                key, w.event_type, w.payment_id, w.body, items[0].headers, len(items)
             )
             for key, items in sorted(groups.items())
             for w in [items[0].webhook]
         ]
-        held = self.publisher.reserve([e.event_id for e in entries])
-        claim = uuid.uuid4()
         try:
             async with asyncio.timeout(self._config.db_timeout_s):
-                stored = await retry_deadlock(lambda: self._store(entries, claim))
+                stored = await self._store(entries)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-            # The INSERT may still commit (a stalled connection): its rows would sit claimed by
-            # a batch that is gone. Copies arriving later may take such a claim over at once.
-            self._abandoned.add(claim)
-            for event_id, placeholder in held.items():
-                self.publisher.settle_reserved(event_id, placeholder, ok=False)
+            # The INSERT may still commit (a stalled connection): the next copy, or else the
+            # sweeper, publishes such a row.
             log.warning("ingest.db_unavailable", error=repr(e), batch=len(batch))
             _fail(batch, UnavailableError("PostgreSQL unavailable"))
             return
-        to_publish = [
-            ClaimedRow(
-                stored[e.event_id].id,
-                e.event_id,
-                outgoing(PROVIDER, e.event_id, e.event_type, e.body),
-            )
-            for e in entries
-            if e.event_id in stored and stored[e.event_id].must_publish
-        ]
-        publishing = {row.event_id for row in to_publish}
-        for event_id, placeholder in held.items():
-            if event_id not in publishing:
-                row = stored.get(event_id)
-                self.publisher.settle_reserved(
-                    event_id, placeholder, ok=bool(row and row.published)
-                )
+
+        # For each stored event not yet published, the publish its requests wait for: one
+        # already in flight in this process, or one sent now.
+        confirms: dict[str, asyncio.Future[None]] = {}
+        to_send: list[tuple[inbox_sql.InboxEntry, inbox_sql.StoredEntry]] = []
+        for entry in entries:
+            if (row := stored.get(entry.event_id)) is None or row.published:
+                continue
+            if (running := self._running_publish(entry.event_id)) is not None:
+                confirms[entry.event_id] = running
+            else:
+                to_send.append((entry, row))
         started = time.perf_counter()
-        results = await self.publisher.publish(claim, to_publish, held)
-        if to_publish:
+        sent = await self._broker.start_publishes(
+            [outgoing(PROVIDER, e.event_id, e.event_type, e.body) for e, _ in to_send]
+        )
+        now = time.monotonic()
+        for (_, row), future in zip(to_send, sent, strict=True):
+            self._publishes[row.event_id] = (future, now)
+            future.add_done_callback(functools.partial(self._settled, row))
+            confirms[row.event_id] = future
+        await self._broker.wait_confirms(list(confirms.values()), self._config.publish_timeout_s)
+        if sent:
             self._metrics.publish_confirm_duration.observe(time.perf_counter() - started)
-        errors = {row.event_id: err for row, err in zip(to_publish, results, strict=True)}
+
         for event_id, items in groups.items():
             row = stored.get(event_id)
             if row is None:
                 _fail(items, UnstorableWebhookError("the event cannot be stored as sent"))
-            elif event_id in errors:  # this batch published it
-                if (error := errors[event_id]) is not None:
-                    log.warning("ingest.publish_failed", event_id=event_id, error=repr(error))
-                    _fail(items, UnavailableError("RabbitMQ did not confirm"))
-                else:
-                    first, *copies = items
-                    _resolve(first, Outcome.ACCEPTED if row.inserted else Outcome.DUPLICATE)
-                    for copy in copies:
-                        _resolve(copy, Outcome.DUPLICATE)
-            elif row.published:
-                for item in items:
-                    _resolve(item, Outcome.DUPLICATE)
-            else:
-                self._await_other_publish(row.id, event_id, items)
+                continue
+            if not row.published and (error := publish_error(confirms[event_id])) is not None:
+                log.warning("ingest.publish_failed", event_id=event_id, error=repr(error))
+                _fail(items, UnavailableError("RabbitMQ did not confirm"))
+                continue
+            first, *copies = items
+            _resolve(first, Outcome.ACCEPTED if row.inserted else Outcome.DUPLICATE)
+            for copy in copies:
+                _resolve(copy, Outcome.DUPLICATE)
 
-    def _await_other_publish(self, row_id: int, event_id: str, items: list[_Item]) -> None:
-        """A copy of an event whose first copy is stored but not yet confirmed.
+    def _running_publish(self, event_id: str) -> asyncio.Future[None] | None:
+        """This process's publish of the event, if one is in flight or confirmed but not yet
+        marked; None if there is none or it failed or went stale (then publish again)."""
+        running = self._publishes.get(event_id)
+        if running is None:
+            return None
+        future, started = running
+        if future.done():
+            return future if publish_error(future) is None else None
+        return future if time.monotonic() - started < STALE_PUBLISH_S else None
 
-        If this process is publishing it, the copies wait for that confirm (the request
-        budget bounds the wait). Otherwise another replica, or a batch that gave up, holds
-        the claim: the copies watch the row for its publish, and take the claim over if it
-        is released or lapses. Never 200 before a confirm.
-        """
-        if event_id in self.publisher.recently_confirmed:
-            for item in items:
-                _resolve(item, Outcome.DUPLICATE)
+    def _settled(self, row: inbox_sql.StoredEntry, future: asyncio.Future[None]) -> None:
+        if publish_error(future) is not None:
+            self._forget(row.event_id, future)
             return
-        pending = self.publisher.in_flight.get(event_id)
-        if pending is None:
-            self._spawn(self._await_holder(row_id, event_id, items))
-        else:
-            self._spawn(self._await_in_process(pending, items))
+        if not self._to_mark:
+            self._spawn(self._mark_published())
+        self._to_mark.append((row.id, row.event_id, future))
 
-    async def _await_in_process(self, pending: asyncio.Future[None], items: list[_Item]) -> None:
-        if await wait_published(pending):
-            for item in items:
-                _resolve(item, Outcome.DUPLICATE)
-        else:
-            _fail(items, UnavailableError("the first copy of this event was not confirmed"))
-
-    async def _await_holder(self, row_id: int, event_id: str, items: list[_Item]) -> None:
-        webhook = items[0].webhook
-        row = ClaimedRow(
-            row_id, event_id, outgoing(PROVIDER, event_id, webhook.event_type, webhook.body)
-        )
+    async def _mark_published(self) -> None:
+        # One UPDATE for the confirms of a short window (a batch's confirms arrive together,
+        # and the next batch's soon after), not one per row or per batch.
+        await asyncio.sleep(MARK_WINDOW_S)
+        marks, self._to_mark = self._to_mark, []
         try:
-            published = await self.publisher.publish_after_holder(
-                row,
-                deadline=min(item.arrived for item in items) + self._config.holder_wait_s,
-                lease_s=self._config.claim_lease_s,
-                abandoned=self._abandoned.active,
+            await _retry_deadlock(
+                lambda: inbox_sql.mark_published(self._pool, sorted(m[0] for m in marks))
             )
-        except Exception as e:  # never leave a request without an answer
-            log.warning("ingest.holder_wait_failed", event_id=event_id, error=repr(e))
-            published = False
-        if published:
-            for item in items:
-                _resolve(item, Outcome.DUPLICATE)
-        else:
-            _fail(items, UnavailableError("the first copy of this event is not confirmed yet"))
+        except Exception as e:  # the rows stay unpublished: the sweeper publishes them again
+            log.warning("ingest.mark_failed", rows=len(marks), error=repr(e))
+        finally:
+            for _, event_id, future in marks:
+                self._forget(event_id, future)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _forget(self, event_id: str, future: asyncio.Future[None]) -> None:
+        running = self._publishes.get(event_id)
+        if running is not None and running[0] is future:
+            del self._publishes[event_id]
 
-    async def _store(
-        self, entries: list[inbox_sql.InboxEntry], claim: uuid.UUID
-    ) -> dict[str, inbox_sql.StoredEntry]:
+    async def _store(self, entries: list[inbox_sql.InboxEntry]) -> dict[str, inbox_sql.StoredEntry]:
         """Store the batch in one statement; by event id. If PostgreSQL refuses the data
         itself, store one by one so a single unstorable event can't fail its neighbours;
         the ones it refuses alone are left out of the answer."""
-        lease = self._config.claim_lease_s
         try:
-            rows = await inbox_sql.store_batch(
-                self._pool, PROVIDER, entries, claim, lease, self._abandoned.active()
+            rows = await _retry_deadlock(
+                lambda: inbox_sql.store_batch(self._pool, PROVIDER, entries)
             )
         except (asyncpg.DataError, asyncpg.ProgramLimitExceededError):
             # Refused data, or a value too large for an index: about the rows, not the server.
@@ -321,8 +279,28 @@ class Acceptor:
                 return {}
             rows = []
             for entry in entries:
-                rows.extend((await self._store([entry], claim)).values())
+                rows.extend((await self._store([entry])).values())
         return {r.event_id: r for r in rows}
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def _retry_deadlock(
+    statement: Callable[[], Awaitable[T]], attempts: int = _DEADLOCK_ATTEMPTS
+) -> T:
+    """Run a statement again when PostgreSQL broke a deadlock by aborting it (it was rolled
+    back as a whole, so running it again is safe)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await statement()
+        except asyncpg.DeadlockDetectedError:
+            if attempt == attempts:
+                raise
+            log.info("ingest.deadlock_retried", attempt=attempt)
+    raise AssertionError("unreachable")  # the loop either returns or raises
 
 
 def _resolve(item: _Item, outcome: Outcome) -> None:

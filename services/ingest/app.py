@@ -9,7 +9,7 @@ from aiohttp import web
 
 from services.ingest.accept import Acceptor, AcceptorConfig
 from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
-from services.ingest.sweeper import Sweeper
+from services.ingest.sweeper import SWEEP_AFTER_S, Sweeper
 from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
@@ -27,6 +27,7 @@ def create_app(
     *,
     acceptor_config: AcceptorConfig | None = None,
     sweep_interval_s: float = 5.0,
+    sweep_after_s: float = SWEEP_AFTER_S,
 ) -> web.Application:
     metrics = IngestMetrics.create(secrets=len(settings.webhook_secrets))
     # Raw bodies: the signature covers the exact bytes received, so a `Content-Encoding:
@@ -48,8 +49,7 @@ def create_app(
             app[BROKER],
             app[METRICS],
             interval_s=sweep_interval_s,
-            publisher=acceptor.publisher,
-            config=config,
+            after_s=sweep_after_s,
         )
         try:
             async with background(sweeper.run_forever(), "sweeper"):

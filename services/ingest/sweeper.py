@@ -1,26 +1,30 @@
 """The sweeper: publishes stored webhooks whose publish was never confirmed.
 
-A row stays unpublished when the broker failed after the commit and the provider never
-retried (or its retry also failed). Rows are claimed with SKIP LOCKED and a lease, so several
-ingest replicas sweep without publishing the same row at the same time.
+A row stays unpublished when the process crashed or the broker failed between the commit and
+the confirm, and no copy came since to publish it again. The sweeper locks such rows (SKIP
+LOCKED) for one transaction, publishes them and marks the confirmed ones, so several ingest
+replicas sweep side by side without publishing a row twice in the same round.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import asyncpg
 import structlog
 
-from services.ingest.accept import AcceptorConfig
-from services.ingest.publishing import ClaimedPublisher, ClaimedRow, outgoing
+from services.ingest.accept import outgoing
 from shared.broker import Broker
 from shared.metrics import IngestMetrics
 from shared.queries import inbox as inbox_sql
 
 log = structlog.get_logger(__name__)
+
+# Rows younger than this may still be waiting for the confirm of the batch that stored them
+# (its database and publish deadlines together are 8 s).
+SWEEP_AFTER_S = 10.0
+_PUBLISH_TIMEOUT_S = 4.0
 
 
 class Sweeper:
@@ -31,17 +35,15 @@ class Sweeper:
         metrics: IngestMetrics,
         *,
         interval_s: float = 5.0,
+        after_s: float = SWEEP_AFTER_S,
         batch: int = 500,
-        publisher: ClaimedPublisher,
-        config: AcceptorConfig | None = None,
     ) -> None:
-        self._publisher = publisher
         self._pool = pool
         self._broker = broker
         self._metrics = metrics
         self._interval_s = interval_s
+        self._after_s = after_s
         self._batch = batch
-        self._config = config or AcceptorConfig()
 
     async def run_forever(self) -> None:
         while True:
@@ -53,21 +55,20 @@ class Sweeper:
             await asyncio.sleep(self._interval_s)
 
     async def sweep_once(self) -> int:
-        """Claim and publish one batch of stranded rows; return how many were published."""
+        """Publish one batch of stranded rows; return how many were confirmed."""
         if not self._broker.is_ready:
-            return 0  # claiming now would only hold the rows hostage for a lease
-        claim = uuid.uuid4()
-        rows = await inbox_sql.claim_unpublished(
-            self._pool, claim, self._config.claim_lease_s, self._batch
-        )
-        if not rows:
             return 0
-        claimed = [
-            ClaimedRow(r.id, r.event_id, outgoing(r.provider, r.event_id, r.event_type, r.body))
-            for r in rows
-        ]
-        results = await self._publisher.publish(claim, claimed)
-        done = sum(1 for err in results if err is None)
-        self._metrics.sweeper_published.inc(done)
-        log.info("sweeper.published", published=done, failed=len(rows) - done)
-        return done
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await inbox_sql.lock_unpublished(conn, self._after_s, self._batch)
+            if not rows:
+                return 0
+            results = await self._broker.publish_many(
+                [outgoing(r.provider, r.event_id, r.event_type, r.body) for r in rows],
+                _PUBLISH_TIMEOUT_S,
+            )
+            done = [row.id for row, error in zip(rows, results, strict=True) if error is None]
+            if done:
+                await inbox_sql.mark_published(conn, done)
+        self._metrics.sweeper_published.inc(len(done))
+        log.info("sweeper.published", published=len(done), failed=len(rows) - len(done))
+        return len(done)

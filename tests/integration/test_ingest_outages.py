@@ -18,7 +18,6 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
-from services.ingest.accept import AcceptorConfig
 from services.ingest.app import create_app
 from shared.broker import BROKER
 from shared.config import Settings
@@ -225,7 +224,7 @@ async def test_database_outage_answers_503_publishes_nothing_and_the_retry_is_st
     # copy that was never confirmed is published by the retry ("published now").
     ids = await _message_ids(amqp, topology)
     rows = [
-        {k: r[k] for k in ("received_at", "published_at", "claim_token", "claimed_until")}
+        {k: r[k] for k in ("received_at", "published_at", "duplicates")}
         for r in await _rows(db, event_id)
     ]
     assert ids == [event_id], f"retry answered {await retry.json()}; queue: {ids}; row: {rows}"
@@ -238,7 +237,7 @@ async def test_sweeper_publishes_an_event_whose_publish_failed_and_was_never_ret
     client = await ingest(
         broker=True,
         sweep_interval_s=0.2,
-        acceptor_config=AcceptorConfig(claim_lease_s=1.0),
+        sweep_after_s=1.0,
     )
     event_id, body = _new_event()
     proxies.amqp.cut()

@@ -548,8 +548,8 @@ async def test_relay_marks_every_confirmed_row_even_after_one_that_fails(
         await broker.wait_connected(10)
         failing = broker.start_publishes
 
-        def first_fails(messages: Any) -> Any:
-            futures = failing(messages)
+        async def first_fails(messages: Any) -> Any:
+            futures = await failing(messages)
             futures[0].cancel()  # the first row's publish fails (as a refused frame would)
             return futures
 
