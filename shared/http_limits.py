@@ -95,6 +95,8 @@ async def _limit_in_flight(request: web.Request, handler: Handler) -> web.Stream
 async def read_body(request: web.Request) -> bytes:
     """The request's body, whole, within the app's body timeout (SlowBodyError otherwise).
     aiohttp's own errors (over client_max_size, a broken chunked encoding) pass through."""
+    if request.content.is_eof():  # all of it has arrived already: nothing to wait for
+        return await request.read()
     deadline = asyncio.timeout(request.app[HTTP_LIMITS].body_timeout_s)
     try:
         async with deadline:

@@ -9,7 +9,7 @@ event.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -65,6 +65,16 @@ class IngestMetrics:
     sweeper_published: Counter
     clock_skew: Histogram
     secret_matched: Counter
+    # webhooks_received's children by outcome, looked up once (labels() on every request
+    # costs more than the increment).
+    received: dict[str, Counter] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for outcome in WEBHOOK_OUTCOMES:
+            self.received[outcome] = self.webhooks_received.labels(provider="xhub", outcome=outcome)
+
+    def signed_with(self, secret_index: int) -> Counter:
+        return self.secret_matched.labels(secret_index=str(secret_index))
 
     @classmethod
     def create(

@@ -240,6 +240,7 @@ def _topic_matches(pattern: str, key: str) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024)  # a handful of types in practice; any string may come
 def is_routed(event_type: str) -> bool:
     """Whether some work queue consumes this event type (else it lands in `unrouted`)."""
     key = routing_key(event_type)

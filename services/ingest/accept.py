@@ -63,7 +63,7 @@ class Outcome(StrEnum):
 @dataclass(frozen=True, slots=True)
 class AcceptorConfig:
     max_batch: int = 256
-    max_in_flight: int = 2
+    max_in_flight: int = 4
     # Webhooks waiting for a batch. Beyond it the wait would only grow (more arrive than the
     # batches take) until the handler's budget runs out: refuse at once instead. Two batches'
     # worth keeps the batches full; the last one in waits about three batch times.
@@ -115,9 +115,10 @@ class Acceptor:
         self._publishes: dict[str, tuple[asyncio.Future[None], float]] = {}
         self._to_mark: list[tuple[int, str, asyncio.Future[None]]] = []
 
-    async def accept(self, webhook: Webhook, headers: dict[str, str]) -> Outcome:
-        """Store and publish; raise UnavailableError when either could not be done, or at
-        once (OverloadedError, BlockedError) when it cannot be done now."""
+    async def accept(self, webhook: Webhook, headers: dict[str, str], deadline: float) -> Outcome:
+        """Store and publish; raise UnavailableError when either could not be done by
+        `deadline` (event loop time), or at once (OverloadedError, BlockedError) when it
+        cannot be done now."""
         if len(self._pending) >= self._config.max_pending:
             raise OverloadedError(f"{len(self._pending)} webhooks already wait for a batch")
         if self._broker.blocked:
@@ -125,8 +126,13 @@ class Acceptor:
         item = _Item(webhook, headers)
         self._pending.append(item)
         self._wakeup.set()
-        # Shielded: a client that hangs up does not cancel the batch its request sits in.
-        return await asyncio.shield(item.future)
+        # The batch goes on whatever becomes of this request (a client that hangs up, the
+        # deadline): it only answers a future still waiting.
+        timer = asyncio.get_running_loop().call_at(deadline, _expire, item.future)
+        try:
+            return await item.future
+        finally:
+            timer.cancel()
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._dispatch(), name="acceptor")
@@ -301,6 +307,11 @@ async def _retry_deadlock(
                 raise
             log.info("ingest.deadlock_retried", attempt=attempt)
     raise AssertionError("unreachable")  # the loop either returns or raises
+
+
+def _expire(future: asyncio.Future[Outcome]) -> None:
+    if not future.done():
+        future.set_exception(UnavailableError("no answer within the budget"))
 
 
 def _resolve(item: _Item, outcome: Outcome) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import orjson
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
@@ -58,13 +59,13 @@ async def receive_webhook(request: web.Request) -> web.Response:
     answer = await _answer(request, deadline)
     duration_s = time.perf_counter() - started
     metrics = request.app[METRICS]
-    metrics.webhooks_received.labels(provider=PROVIDER, outcome=answer.outcome).inc()
+    metrics.received[answer.outcome].inc()
     metrics.ingest_duration.observe(duration_s)
     fields: dict[str, object] = {}
     if answer.reason:
         fields["reason"] = answer.reason
     if (signed := answer.signed) is not None:
-        metrics.secret_matched.labels(secret_index=str(signed.secret_index)).inc()
+        metrics.signed_with(signed.secret_index).inc()
         fields["secret_index"] = signed.secret_index
         if signed.clock_skew_s is not None:
             metrics.clock_skew.observe(signed.clock_skew_s)
@@ -80,7 +81,12 @@ async def receive_webhook(request: web.Request) -> web.Response:
         duration_s=round(duration_s, 6),
         **fields,
     )
-    response = web.json_response(answer.payload, status=answer.status, headers=answer.headers)
+    response = web.Response(
+        body=orjson.dumps(answer.payload),
+        status=answer.status,
+        headers=answer.headers,
+        content_type="application/json",
+    )
     if answer.close:
         response.force_close()
     return response
@@ -127,12 +133,13 @@ async def _answer(request: web.Request, deadline: float) -> _Answer:
 
 async def _accept(request: web.Request, webhook: Webhook, deadline: float) -> _Answer:
     try:
-        async with asyncio.timeout_at(deadline):
-            outcome = await request.app[ACCEPTOR].accept(webhook, storable_headers(request.headers))
+        outcome = await request.app[ACCEPTOR].accept(
+            webhook, storable_headers(request.headers), deadline
+        )
     except UnstorableWebhookError as e:
         return _error(400, "malformed", str(e))
-    except (UnavailableError, TimeoutError) as e:
-        return _unavailable(str(e) or "no answer within the budget")
+    except UnavailableError as e:
+        return _unavailable(str(e))
     return _Answer(200, outcome.value, {"status": outcome.value})
 
 
