@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -47,6 +48,7 @@ _CLOSE_S = 5.0  # a connection that does not close by then is left to the garbag
 _WATCH_INTERVAL_S = 2.0
 # How often a wait for confirms looks whether RabbitMQ has blocked the connection meanwhile.
 _BLOCKED_POLL_S = 0.05
+_BLOCKED_MEMORY_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,7 @@ class Broker:
         self._exchange: AbstractExchange | None = None
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._blocked_seen, self._blocked_seen_at = False, -1.0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="broker-connect")
@@ -259,7 +262,11 @@ class Broker:
         says so (connection.blocked) within milliseconds; from then on until the alarm
         clears, nothing published is confirmed.
         """
-        return _blocked(self._connection)
+        # Looked at by every request: the answer is kept for a millisecond.
+        now = time.monotonic()
+        if now - self._blocked_seen_at > _BLOCKED_MEMORY_S:
+            self._blocked_seen, self._blocked_seen_at = _blocked(self._connection), now
+        return self._blocked_seen
 
     @property
     def is_ready(self) -> bool:

@@ -68,13 +68,18 @@ class IngestMetrics:
     # webhooks_received's children by outcome, looked up once (labels() on every request
     # costs more than the increment).
     received: dict[str, Counter] = field(default_factory=dict)
+    _signed_with: dict[int, Counter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for outcome in WEBHOOK_OUTCOMES:
             self.received[outcome] = self.webhooks_received.labels(provider="xhub", outcome=outcome)
 
     def signed_with(self, secret_index: int) -> Counter:
-        return self.secret_matched.labels(secret_index=str(secret_index))
+        counter = self._signed_with.get(secret_index)
+        if counter is None:
+            counter = self.secret_matched.labels(secret_index=str(secret_index))
+            self._signed_with[secret_index] = counter
+        return counter
 
     @classmethod
     def create(

@@ -207,6 +207,7 @@ async def delete(channel: AbstractChannel, topology: Topology) -> None:
 _MAX_ROUTING_KEY_BYTES = 255
 
 
+@functools.lru_cache(maxsize=1024)  # a handful of types in practice; any string may come
 def routing_key(event_type: str) -> str:
     """The routing key for an event type; one AMQP can't carry goes to `unrouted`."""
     if len(event_type.encode("utf-8", "replace")) > _MAX_ROUTING_KEY_BYTES or "\x00" in event_type:

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -72,18 +72,13 @@ class AcceptorConfig:
     publish_timeout_s: float = 4.0
 
 
-def _new_future() -> asyncio.Future[Outcome]:
-    future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-    # The request may be gone (client hung up) when its batch fails: mark the error seen.
-    future.add_done_callback(lambda f: f.cancelled() or f.exception())
-    return future
-
-
 @dataclass(slots=True)
 class _Item:
     webhook: Webhook
     headers: dict[str, str]
-    future: asyncio.Future[Outcome] = field(default_factory=_new_future)
+    # Awaited by the request until answered (a request that is cancelled cancels it, and the
+    # batch then leaves it alone).
+    future: asyncio.Future[Outcome]
 
 
 def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
@@ -123,12 +118,13 @@ class Acceptor:
             raise OverloadedError(f"{len(self._pending)} webhooks already wait for a batch")
         if self._broker.blocked:
             raise BlockedError()
-        item = _Item(webhook, headers)
+        loop = asyncio.get_running_loop()
+        item = _Item(webhook, headers, loop.create_future())
         self._pending.append(item)
         self._wakeup.set()
         # The batch goes on whatever becomes of this request (a client that hangs up, the
         # deadline): it only answers a future still waiting.
-        timer = asyncio.get_running_loop().call_at(deadline, _expire, item.future)
+        timer = loop.call_at(deadline, _expire, item.future)
         try:
             return await item.future
         finally:
