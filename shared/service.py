@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ssl
 
 import uvloop
@@ -13,7 +14,16 @@ from shared.http_limits import HTTP_LIMITS
 SHUTDOWN_TIMEOUT_S = 15.0
 
 
+async def _freeze_startup_objects(app: web.Application) -> None:
+    # Modules, the app and its connections live as long as the process: out of the garbage
+    # collector's sight, its full collections only walk what requests leave behind (they
+    # walked every live object; at ingest's rates that showed as the latency tail: p99 at
+    # c=64 went from 34-57 ms to 22-28 ms with this).
+    gc.freeze()
+
+
 def run(app: web.Application, port: int, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    app.on_startup.append(_freeze_startup_objects)
     web.run_app(
         app,
         port=port,

@@ -253,7 +253,7 @@ class Acceptor:
         marks, self._to_mark = self._to_mark, []
         try:
             await _retry_deadlock(
-                lambda: inbox_sql.mark_published(self._pool, sorted(m[0] for m in marks))
+                lambda: inbox_sql.mark_published_lazily(self._pool, sorted(m[0] for m in marks))
             )
         except Exception as e:  # the rows stay unpublished: the sweeper publishes them again
             log.warning("ingest.mark_failed", rows=len(marks), error=repr(e))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import orjson
@@ -73,12 +74,22 @@ async def store_batch(
     return [StoredEntry(r["id"], r["event_id"], r["inserted"], r["published"]) for r in rows]
 
 
+_MARK_PUBLISHED = (
+    "UPDATE inbox SET published_at = now() WHERE id = ANY($1::bigint[]) AND published_at IS NULL"
+)
+
+
 async def mark_published(db: Executor, ids: Sequence[int]) -> None:
-    await db.execute(
-        "UPDATE inbox SET published_at = now() WHERE id = ANY($1::bigint[])"
-        " AND published_at IS NULL",
-        list(ids),
-    )
+    await db.execute(_MARK_PUBLISHED, list(ids))
+
+
+async def mark_published_lazily(pool: asyncpg.Pool[Any], ids: Sequence[int]) -> None:
+    """mark_published without waiting for the WAL flush: a mark lost in a crash only means
+    the sweeper publishes the row again, and the flush it saves is one every hot-path commit
+    would otherwise queue behind."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = off")
+        await conn.execute(_MARK_PUBLISHED, list(ids))
 
 
 @dataclass(frozen=True, slots=True)
