@@ -189,15 +189,19 @@ class Acceptor:
             _fail(batch, UnavailableError("PostgreSQL unavailable"))
             return
 
-        # For each stored event not yet published, the publish its requests wait for: one
+        # Each stored event's requests are answered at the confirm of a publish of it: one
         # already in flight in this process, or one sent now.
-        confirms: dict[str, asyncio.Future[None]] = {}
+        confirms: list[asyncio.Future[None]] = []
         to_send: list[tuple[inbox_sql.InboxEntry, inbox_sql.StoredEntry]] = []
         for entry in entries:
-            if (row := stored.get(entry.event_id)) is None or row.published:
-                continue
-            if (running := self._running_publish(entry.event_id)) is not None:
-                confirms[entry.event_id] = running
+            items = groups[entry.event_id]
+            if (row := stored.get(entry.event_id)) is None:
+                _fail(items, UnstorableWebhookError("the event cannot be stored as sent"))
+            elif row.published:
+                _answer(items, row.inserted)
+            elif (running := self._running_publish(entry.event_id)) is not None:
+                running.add_done_callback(functools.partial(_answer_at_confirm, items, row))
+                confirms.append(running)
             else:
                 to_send.append((entry, row))
         started = time.perf_counter()
@@ -208,24 +212,16 @@ class Acceptor:
         for (_, row), future in zip(to_send, sent, strict=True):
             self._publishes[row.event_id] = (future, now)
             future.add_done_callback(functools.partial(self._settled, row))
-            confirms[row.event_id] = future
-        await self._broker.wait_confirms(list(confirms.values()), self._config.publish_timeout_s)
+            future.add_done_callback(
+                functools.partial(_answer_at_confirm, groups[row.event_id], row)
+            )
+            confirms.append(future)
+        await self._broker.wait_confirms(confirms, self._config.publish_timeout_s)
         if sent:
             self._metrics.publish_confirm_duration.observe(time.perf_counter() - started)
-
-        for event_id, items in groups.items():
-            row = stored.get(event_id)
-            if row is None:
-                _fail(items, UnstorableWebhookError("the event cannot be stored as sent"))
-                continue
-            if not row.published and (error := publish_error(confirms[event_id])) is not None:
-                log.warning("ingest.publish_failed", event_id=event_id, error=repr(error))
-                _fail(items, UnavailableError("RabbitMQ did not confirm"))
-                continue
-            first, *copies = items
-            _resolve(first, Outcome.ACCEPTED if row.inserted else Outcome.DUPLICATE)
-            for copy in copies:
-                _resolve(copy, Outcome.DUPLICATE)
+        # What is still unconfirmed now (a deadline passed, or RabbitMQ blocks publishers) is
+        # unknown: 503, and a late confirm answers no one.
+        _fail(batch, UnavailableError("RabbitMQ did not confirm in time"))
 
     def _running_publish(self, event_id: str) -> asyncio.Future[None] | None:
         """This process's publish of the event, if one is in flight or confirmed but not yet
@@ -303,6 +299,25 @@ async def _retry_deadlock(
                 raise
             log.info("ingest.deadlock_retried", attempt=attempt)
     raise AssertionError("unreachable")  # the loop either returns or raises
+
+
+def _answer(items: list[_Item], inserted: bool) -> None:
+    """Copies of one event, stored and published: the first copy of a new event is
+    `accepted`, every other one a `duplicate`."""
+    first, *copies = items
+    _resolve(first, Outcome.ACCEPTED if inserted else Outcome.DUPLICATE)
+    for copy in copies:
+        _resolve(copy, Outcome.DUPLICATE)
+
+
+def _answer_at_confirm(
+    items: list[_Item], row: inbox_sql.StoredEntry, publish: asyncio.Future[None]
+) -> None:
+    if (error := publish_error(publish)) is None:
+        _answer(items, row.inserted)
+    else:
+        log.warning("ingest.publish_failed", event_id=row.event_id, error=repr(error))
+        _fail(items, UnavailableError("RabbitMQ did not confirm"))
 
 
 def _expire(future: asyncio.Future[Outcome]) -> None:
