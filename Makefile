@@ -50,6 +50,11 @@ test: lint
 bench: migrate
 	$(PY) -m bench.ingest
 
+# payhooks ingest beside the handbook's reference prototype, both sent unique event ids
+# (bench/vs_prototype.py says why); needs wrk. About 4 minutes.
+bench-vs-prototype: install
+	$(PY) -m bench.vs_prototype
+
 bench-workers: install
 	$(PY) -m bench.workers
 

@@ -18,10 +18,9 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from services.ingest.accept import PROVIDER, Acceptor, Outcome
+from services.ingest.accept import PROVIDER, Acceptor, Outcome, outgoing
 from services.ingest.app import REQUIRED_ENV
 from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
-from services.ingest.publishing import outgoing
 from services.ingest.webhook import Webhook
 from shared import service
 from shared.broker import BROKER, Broker, broker_ctx
@@ -51,9 +50,9 @@ class NaiveAcceptor:
         self._pool = pool
         self._broker = broker
 
-    async def accept(self, webhook: Webhook, headers: dict[str, str]) -> Outcome:
+    async def accept(self, webhook: Webhook, headers: dict[str, str], deadline: float) -> Outcome:
         try:
-            async with asyncio.timeout(TIMEOUT_S):
+            async with asyncio.timeout_at(deadline):
                 row_id = await self._pool.fetchval(  # autocommit: its own transaction
                     _INSERT,
                     PROVIDER,

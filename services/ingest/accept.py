@@ -38,6 +38,9 @@ log = structlog.get_logger(__name__)
 PROVIDER = "xhub"
 # Confirms gathered into one `published_at` UPDATE.
 MARK_WINDOW_S = 0.02
+# How long this process remembers a confirm: longer than an INSERT may take (db_timeout_s),
+# so a copy whose INSERT read the row just before the mark committed still finds it.
+CONFIRM_MEMORY_S = 10.0
 # A publish of this process still unconfirmed after this long is not waited for by copies:
 # they publish again (a lost confirm must not keep an event at 503 for good).
 STALE_PUBLISH_S = 30.0
@@ -105,10 +108,13 @@ class Acceptor:
         self._slots = asyncio.Semaphore(self._config.max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
-        # This process's publishes by event id, from the send until the row's mark commits
-        # (or the publish fails): a copy arriving meanwhile waits for that confirm.
+        # This process's publishes by event id until they settle (a copy arriving meanwhile
+        # waits for that confirm), then the confirmed ones by when, for CONFIRM_MEMORY_S: a
+        # copy whose INSERT read the row before its mark committed still finds the confirm.
+        # Plain ids and times: tens of thousands of kept futures slow every full collection.
         self._publishes: dict[str, tuple[asyncio.Future[None], float]] = {}
-        self._to_mark: list[tuple[int, str, asyncio.Future[None]]] = []
+        self._confirmed: dict[str, float] = {}
+        self._to_mark: list[int] = []
 
     async def accept(self, webhook: Webhook, headers: dict[str, str], deadline: float) -> Outcome:
         """Store and publish; raise UnavailableError when either could not be done by
@@ -197,7 +203,7 @@ class Acceptor:
             items = groups[entry.event_id]
             if (row := stored.get(entry.event_id)) is None:
                 _fail(items, UnstorableWebhookError("the event cannot be stored as sent"))
-            elif row.published:
+            elif row.published or entry.event_id in self._confirmed:
                 _answer(items, row.inserted)
             elif (running := self._running_publish(entry.event_id)) is not None:
                 running.add_done_callback(functools.partial(_answer_at_confirm, items, row))
@@ -224,43 +230,39 @@ class Acceptor:
         _fail(batch, UnavailableError("RabbitMQ did not confirm in time"))
 
     def _running_publish(self, event_id: str) -> asyncio.Future[None] | None:
-        """This process's publish of the event, if one is in flight or confirmed but not yet
-        marked; None if there is none or it failed or went stale (then publish again)."""
+        """This process's publish of the event still in flight; None if there is none or
+        it went stale (then publish again)."""
         running = self._publishes.get(event_id)
         if running is None:
             return None
         future, started = running
-        if future.done():
-            return future if publish_error(future) is None else None
         return future if time.monotonic() - started < STALE_PUBLISH_S else None
 
     def _settled(self, row: inbox_sql.StoredEntry, future: asyncio.Future[None]) -> None:
+        running = self._publishes.get(row.event_id)
+        if running is not None and running[0] is future:
+            del self._publishes[row.event_id]
         if publish_error(future) is not None:
-            self._forget(row.event_id, future)
             return
+        now = time.monotonic()
+        self._confirmed[row.event_id] = now
+        # Oldest first: one expired confirm forgotten per new one keeps the memory bounded.
+        oldest = next(iter(self._confirmed))
+        if now - self._confirmed[oldest] >= CONFIRM_MEMORY_S:
+            del self._confirmed[oldest]
         if not self._to_mark:
             self._spawn(self._mark_published())
-        self._to_mark.append((row.id, row.event_id, future))
+        self._to_mark.append(row.id)
 
     async def _mark_published(self) -> None:
         # One UPDATE for the confirms of a short window (a batch's confirms arrive together,
         # and the next batch's soon after), not one per row or per batch.
         await asyncio.sleep(MARK_WINDOW_S)
-        marks, self._to_mark = self._to_mark, []
+        ids, self._to_mark = sorted(self._to_mark), []
         try:
-            await _retry_deadlock(
-                lambda: inbox_sql.mark_published_lazily(self._pool, sorted(m[0] for m in marks))
-            )
+            await _retry_deadlock(lambda: inbox_sql.mark_published_lazily(self._pool, ids))
         except Exception as e:  # the rows stay unpublished: the sweeper publishes them again
-            log.warning("ingest.mark_failed", rows=len(marks), error=repr(e))
-        finally:
-            for _, event_id, future in marks:
-                self._forget(event_id, future)
-
-    def _forget(self, event_id: str, future: asyncio.Future[None]) -> None:
-        running = self._publishes.get(event_id)
-        if running is not None and running[0] is future:
-            del self._publishes[event_id]
+            log.warning("ingest.mark_failed", rows=len(ids), error=repr(e))
 
     async def _store(self, entries: list[inbox_sql.InboxEntry]) -> dict[str, inbox_sql.StoredEntry]:
         """Store the batch in one statement; by event id. If PostgreSQL refuses the data

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient
 from services.ingest.app import create_app
 from shared.broker import BROKER
 from shared.config import Settings
+from shared.queries import inbox as inbox_sql
 from shared.topology import Topology
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, payment_event, signed_headers
@@ -69,6 +70,33 @@ async def test_duplicate_event_is_answered_duplicate_and_not_republished(
     assert len(rows) == 1
     assert rows[0]["duplicates"] == 1
     assert len(await drain(amqp, topology.work["orders"].name)) == 1
+
+
+async def test_a_copy_confirmed_but_not_yet_marked_published_is_not_published_again(
+    client: TestClient, db: Any, amqp: Any, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark after the confirm runs in the background: a copy whose INSERT reads the row
+    before the mark commits finds the confirm in the process's memory instead."""
+    mark = inbox_sql.mark_published_lazily
+    marking = asyncio.Event()
+
+    async def slow_mark(pool: Any, ids: Any) -> None:
+        marking.set()
+        await asyncio.sleep(1.0)
+        await mark(pool, ids)
+
+    monkeypatch.setattr(inbox_sql, "mark_published_lazily", slow_mark)
+    body, headers = delivery(payment_event(), SECRET, event_id="evt_unmarked")
+    first = await client.post(URL, data=body, headers=headers)
+    await marking.wait()
+    unmarked = await db.fetchval("SELECT published_at FROM inbox")
+    second = await client.post(URL, data=body, headers=headers)
+
+    assert unmarked is None
+    assert (first.status, second.status) == (200, 200)
+    assert await second.json() == {"status": "duplicate"}
+    assert len(await drain(amqp, topology.work["orders"].name, settle_s=1.2)) == 1
+    assert await db.fetchval("SELECT published_at FROM inbox") is not None
 
 
 async def test_fifty_concurrent_copies_make_one_row_and_one_message(
