@@ -197,7 +197,7 @@ class Acceptor:
 
         # Each stored event's requests are answered at the confirm of a publish of it: one
         # already in flight in this process, or one sent now.
-        confirms: list[asyncio.Future[None]] = []
+        confirms: list[tuple[asyncio.Future[None], list[_Item]]] = []
         to_send: list[tuple[inbox_sql.InboxEntry, inbox_sql.StoredEntry]] = []
         for entry in entries:
             items = groups[entry.event_id]
@@ -207,7 +207,7 @@ class Acceptor:
                 _answer(items, row.inserted)
             elif (running := self._running_publish(entry.event_id)) is not None:
                 running.add_done_callback(functools.partial(_answer_at_confirm, items, row))
-                confirms.append(running)
+                confirms.append((running, items))
             else:
                 to_send.append((entry, row))
         started = time.perf_counter()
@@ -218,16 +218,20 @@ class Acceptor:
         for (_, row), future in zip(to_send, sent, strict=True):
             self._publishes[row.event_id] = (future, now)
             future.add_done_callback(functools.partial(self._settled, row))
-            future.add_done_callback(
-                functools.partial(_answer_at_confirm, groups[row.event_id], row)
-            )
-            confirms.append(future)
-        await self._broker.wait_confirms(confirms, self._config.publish_timeout_s)
+            items = groups[row.event_id]
+            future.add_done_callback(functools.partial(_answer_at_confirm, items, row))
+            confirms.append((future, items))
+        await self._broker.wait_confirms(
+            [future for future, _ in confirms], self._config.publish_timeout_s
+        )
         if sent:
             self._metrics.publish_confirm_duration.observe(time.perf_counter() - started)
-        # What is still unconfirmed now (a deadline passed, or RabbitMQ blocks publishers) is
-        # unknown: 503, and a late confirm answers no one.
-        _fail(batch, UnavailableError("RabbitMQ did not confirm in time"))
+        # A publish still unsettled now (its deadline passed, or RabbitMQ blocks publishers)
+        # has an unknown outcome: 503, and a late confirm answers no one. (One settled in
+        # this very moment is answered by its callback, which may not have run yet.)
+        for future, items in confirms:
+            if not future.done():
+                _fail(items, UnavailableError("RabbitMQ did not confirm in time"))
 
     def _running_publish(self, event_id: str) -> asyncio.Future[None] | None:
         """This process's publish of the event still in flight; None if there is none or
