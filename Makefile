@@ -5,7 +5,7 @@ PY := $(BIN)/python
 # The interpreter the venv is made from: Python 3.11, what pyproject.toml and the image pin.
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
-.PHONY: help install run migrate test lint bench bench-workers demo chaos soak clean
+.PHONY: help install run migrate test lint bench bench-vs-prototype bench-workers demo chaos soak clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
@@ -14,6 +14,7 @@ help:
 	@echo "make lint     - ruff and mypy only"
 	@echo "make bench    - ingest benchmark: batched accept path vs the naive baseline"
 	@echo "make demo     - the whole system plus the X-Hub simulator (300 payments), checked"
+	@echo "make bench-vs-prototype - ingest beside the handbook's reference prototype (needs wrk)"
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail"
 	@echo "make soak     - MINUTES (30) at half the measured capacity, watched for growth"
