@@ -37,15 +37,23 @@ async def publish_together(
         raise ValueError("publish_together needs a channel in confirm mode")
     futures: list[asyncio.Future[object]] = []
     payloads: list[bytes] = []
+    # The basic.publish method frame is the same for every message with one routing key.
+    method_frames: dict[str, bytes] = {}
     async with channel.lock:
         for routing_key, body, properties in messages:
             frames: list[pamqp.frame.FrameTypes] = [
-                spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True),
                 ContentHeader(properties=properties, body_size=len(body)),
                 *channel._split_body(body),  # frame-size split, as basic_publish
             ]
             try:
-                payload = b"".join(pamqp.frame.marshal(f, channel.number) for f in frames)
+                if (method := method_frames.get(routing_key)) is None:
+                    publish = spec.Basic.Publish(
+                        exchange=exchange, routing_key=routing_key, mandatory=True
+                    )
+                    method = method_frames[routing_key] = pamqp.frame.marshal(
+                        publish, channel.number
+                    )
+                payload = method + b"".join(pamqp.frame.marshal(f, channel.number) for f in frames)
             except Exception as e:  # this message only: the others go out
                 futures.append(_failed(e))
                 continue
