@@ -3,9 +3,9 @@
     python -m bench.workers [--n 10000] [--concurrency 64] [--warmup 500]
     python -m bench.workers --n 2000 --profile email   # py-spy one service while measuring
 
-It owns everything it runs and removes it at the end: an aiosmtpd SMTP sink in its own
-process (it notes the Message-ID and arrival time of every email in a file), the four services
-as subprocesses (`payhooks run ingest|orders|bonuses|email` on free ports, database
+It owns everything it runs and removes it at the end: a lean SMTP sink (bench/smtp_sink.py) in
+its own process (it notes the Message-ID and arrival time of every email in a file), the four
+services as subprocesses (`payhooks run ingest|orders|bonuses|email` on free ports, database
 `payhooks_bench_workers`, AMQP prefix `benchw.`, LOG_LEVEL=WARNING, one log file each in
 --log-dir) and the load client processes. It registers N+warm-up orders in bulk (COPY), drives
 a warm-up, waits for the machine to be quiet (and for a running `bench.ingest` to end), then
