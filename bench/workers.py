@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from bench import ceiling
 from bench.backing import (
     commit_count,
     delete_topology,
@@ -296,6 +297,9 @@ def report(r: Result, args: argparse.Namespace) -> bool:
 
     print()
     row("payments fully processed/s", f"{per_s:,.0f}  (N / (last email - first accept))")
+    if args.ceiling is not None:
+        share = f"{100 * per_s / args.ceiling.per_s:.0f} %"
+        row("  of the ceiling measured before", f"{share} of {args.ceiling.per_s:,.0f}/s")
     row("  N, span s", f"{len(r.emailed_at):,} in {span_s:.2f}")
     if e.last_grant_at is not None and e.grants == r.n:
         last = max(last_email, e.last_grant_at)
@@ -420,6 +424,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="WARNING", help="LOG_LEVEL of the services")
     p.add_argument("--profile", choices=SERVICES, help="py-spy this service while measuring")
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    p.add_argument(
+        "--no-ceiling", action="store_true", help="skip bench.ceiling before the real pipeline"
+    )
     args = p.parse_args(argv)
     if args.n < 1 or args.warmup < 0 or args.concurrency < args.clients or args.rate < 0:
         p.error("need --n >= 1, --warmup >= 0, --rate >= 0 and --concurrency >= --clients")
@@ -439,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     wait_for_other_benchmarks(args.other_wait)
+    args.ceiling = None
+    if not args.no_ceiling:
+        args.ceiling = ceiling.measure(args.n, args.amqp_url)
+        ceiling.report(args.ceiling)
     migrate(args.database_url)
     with own_vhost(args.amqp_url) as amqp_url:
         args.amqp_url = amqp_url
