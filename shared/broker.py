@@ -62,25 +62,15 @@ class Outgoing:
     headers: dict[str, str]
 
 
-def to_message(outgoing: Outgoing) -> aio_pika.Message:
-    # message_id and type are AMQP short strings (255 bytes): an id built from a provider's
-    # event id can be longer (an outbox id adds ":order.paid"), and a message pamqp cannot
-    # encode would fail on every attempt. message_id() keeps short ids and hashes long ones.
-    # The timestamp (whole seconds) is when it was published: how long a message has waited
-    # in a queue nobody consumes (`unrouted`) is read from it.
-    return aio_pika.Message(
-        outgoing.body,
-        message_id=message_id(outgoing.message_id),
-        type=routing_key(outgoing.type),
-        content_type="application/json",
-        delivery_mode=DeliveryMode.PERSISTENT,
-        headers=dict(outgoing.headers),
-        timestamp=dt.datetime.now(dt.UTC),
-    )
+def properties(outgoing: Outgoing, now: dt.datetime) -> spec.Basic.Properties:
+    """The AMQP properties every payhooks publish carries.
 
-
-def _properties(outgoing: Outgoing, now: dt.datetime) -> spec.Basic.Properties:
-    """The AMQP properties to_message() would give `outgoing`, built directly."""
+    message_id and type are AMQP short strings (255 bytes): an id built from a provider's
+    event id can be longer (an outbox id adds ":order.paid"), and a message pamqp cannot
+    encode would fail on every attempt. message_id() keeps short ids and hashes long ones.
+    The timestamp (whole seconds) is when it was published: how long a message has waited in
+    a queue nobody consumes (`unrouted`) is read from it.
+    """
     return spec.Basic.Properties(
         content_type="application/json",
         delivery_mode=DeliveryMode.PERSISTENT.value,
@@ -88,6 +78,21 @@ def _properties(outgoing: Outgoing, now: dt.datetime) -> spec.Basic.Properties:
         message_id=message_id(outgoing.message_id),
         message_type=routing_key(outgoing.type),
         timestamp=now,
+    )
+
+
+def to_message(outgoing: Outgoing) -> aio_pika.Message:
+    """`outgoing` as an aio_pika.Message with the same properties (for publishing through an
+    aio-pika exchange, as tests do)."""
+    p = properties(outgoing, dt.datetime.now(dt.UTC))
+    return aio_pika.Message(
+        outgoing.body,
+        message_id=p.message_id,
+        type=p.message_type,
+        content_type=p.content_type,
+        delivery_mode=DeliveryMode.PERSISTENT,
+        headers=p.headers,
+        timestamp=p.timestamp,
     )
 
 
@@ -297,7 +302,7 @@ class Broker:
             futures = await publish_together(
                 channel,
                 self._exchange.name,
-                [(m.routing_key, m.body, _properties(m, now)) for m in messages],
+                [(m.routing_key, m.body, properties(m, now)) for m in messages],
             )
         except Exception as e:  # the channel closed under us: none of them went out
             return [_failed(UnavailableError(f"publish failed: {e!r}")) for _ in messages]

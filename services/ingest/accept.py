@@ -69,7 +69,7 @@ class AcceptorConfig:
     max_in_flight: int = 4
     # Webhooks waiting for a batch. Beyond it the wait would only grow (more arrive than the
     # batches take) until the handler's budget runs out: refuse at once instead. Two batches'
-    # worth keeps the batches full; the last one in waits about three batch times.
+    # worth keeps the batches full; the last one in is answered within about two batch times.
     max_pending: int = 512
     db_timeout_s: float = 4.0
     publish_timeout_s: float = 4.0
