@@ -279,7 +279,7 @@ def run_owned(name: str, args: argparse.Namespace) -> Result:
     )
     topology = topology_of(env)
     # A clean start, and a clean end below: the inbox emptied, the server's topology removed.
-    asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox"))
+    asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished"))
     with open(args.server_log, "ab") as log, tempfile.TemporaryFile() as errors:
         server = Server(name, env, log, errors)
         try:
@@ -289,7 +289,9 @@ def run_owned(name: str, args: argparse.Namespace) -> Result:
             return run_one(name, args, server.base_url, server.process.pid, secret.encode())
         finally:
             server.stop()
-            asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox"))
+            asyncio.run(
+                reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished")
+            )
 
 
 # --- output -----------------------------------------------------------------------------------

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> bool:
     )
     topology = topology_of(env)
     migrate(args.database_url)
-    asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox"))
+    asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished"))
     ok = True
     with open(args.server_log, "ab") as log, tempfile.TemporaryFile() as errors:
         server = Server("ingest", env, log, errors)
@@ -202,7 +202,9 @@ def run(args: argparse.Namespace) -> bool:
                 ok &= report_blocked(blocked)
         finally:
             server.stop()
-            asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox"))
+            asyncio.run(
+                reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished")
+            )
     print("verdict:", "ok" if ok else "FAILED")
     return ok
 

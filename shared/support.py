@@ -54,7 +54,7 @@ async def payment_view(
                 "status": status,
                 "received_at": _iso(row["received_at"]),
                 "duplicates": row["duplicates"],
-                "published": row["published_at"] is not None,
+                "published": row["published"],
                 # What the orders worker decided, or where the event is if not yet processed.
                 "outcome": _outcome(row, dead.get(row["event_id"])),
             }
@@ -108,7 +108,7 @@ def _outcome(row: Any, dead: DeadLetter | None) -> str:
         return str(row["processed_outcome"])
     if dead is not None:
         return f"dead_lettered: {dead.reason}"
-    return "queued" if row["published_at"] is not None else "stored, not yet published"
+    return "queued" if row["published"] else "stored, not yet published"
 
 
 async def user_bonus(conn: Executor, user_id: str) -> dict[str, Any]:

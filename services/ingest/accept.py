@@ -36,7 +36,7 @@ from shared.topology import routing_key
 log = structlog.get_logger(__name__)
 
 PROVIDER = "xhub"
-# Confirms gathered into one `published_at` UPDATE.
+# Confirms gathered into one statement that marks them published.
 MARK_WINDOW_S = 0.02
 # How long this process remembers a confirm: longer than an INSERT may take (db_timeout_s),
 # so a copy whose INSERT read the row just before the mark committed still finds it.

@@ -1,4 +1,5 @@
-"""The inbox: each verified webhook stored once per (provider, event id), marked once published."""
+"""The inbox: each verified webhook stored once per (provider, event id); `inbox_unpublished`
+holds the ids whose publish RabbitMQ has not confirmed yet."""
 
 from __future__ import annotations
 
@@ -32,16 +33,31 @@ class StoredEntry:
     published: bool  # RabbitMQ confirmed a publish of it (and the mark committed)
 
 
-# One statement stores a whole batch: new ids are inserted, ids already stored count their
-# copies as duplicates. `xmax = 0` tells an insert from an update.
+# One statement stores a whole batch: new ids are inserted (each with its row in
+# `inbox_unpublished` until the confirm), ids already stored count their copies as duplicates.
+# `xmax = 0` tells an insert from an update. A copy is published when its row was in this
+# statement's snapshot without an unpublished row: a row a concurrent transaction committed
+# after the snapshot (the INSERT waited for it) counts as unpublished, since its unpublished
+# row can't be seen yet, and is published again (harmless) rather than answered unconfirmed.
 _STORE_BATCH = """
-INSERT INTO inbox AS i (provider, event_id, event_type, payment_id, body, headers, duplicates)
-SELECT $1, t.event_id, t.event_type, t.payment_id, t.body, t.headers::jsonb, t.copies - 1
-FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::int[])
-     AS t(event_id, event_type, payment_id, body, headers, copies)
-ON CONFLICT (provider, event_id) DO UPDATE SET
-    duplicates = i.duplicates + EXCLUDED.duplicates + 1, last_seen_at = now()
-RETURNING i.id, i.event_id, (i.xmax = 0) AS inserted, (i.published_at IS NOT NULL) AS published
+WITH stored AS (
+    INSERT INTO inbox AS i (provider, event_id, event_type, payment_id, body, headers, duplicates)
+    SELECT $1, t.event_id, t.event_type, t.payment_id, t.body, t.headers::jsonb, t.copies - 1
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::int[])
+         AS t(event_id, event_type, payment_id, body, headers, copies)
+    ON CONFLICT (provider, event_id) DO UPDATE SET
+        duplicates = i.duplicates + EXCLUDED.duplicates + 1, last_seen_at = now()
+    RETURNING i.id, i.event_id, i.received_at, (i.xmax = 0) AS inserted
+), unpublished AS (
+    INSERT INTO inbox_unpublished (id, received_at)
+    SELECT id, received_at FROM stored WHERE inserted
+)
+SELECT s.id, s.event_id, s.inserted,
+       CASE WHEN s.inserted THEN false
+            ELSE EXISTS (SELECT 1 FROM inbox v WHERE v.id = s.id)
+                 AND NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = s.id)
+       END AS published
+FROM stored s
 """
 
 
@@ -74,9 +90,7 @@ async def store_batch(
     return [StoredEntry(r["id"], r["event_id"], r["inserted"], r["published"]) for r in rows]
 
 
-_MARK_PUBLISHED = (
-    "UPDATE inbox SET published_at = now() WHERE id = ANY($1::bigint[]) AND published_at IS NULL"
-)
+_MARK_PUBLISHED = "DELETE FROM inbox_unpublished WHERE id = ANY($1::bigint[])"
 
 
 async def mark_published(db: Executor, ids: Sequence[int]) -> None:
@@ -102,11 +116,12 @@ class Unpublished:
 
 
 _LOCK_UNPUBLISHED = """
-SELECT id, provider, event_id, event_type, body FROM inbox
-WHERE published_at IS NULL AND received_at < now() - make_interval(secs => $1)
-ORDER BY received_at
+SELECT i.id, i.provider, i.event_id, i.event_type, i.body
+FROM inbox_unpublished u JOIN inbox i ON i.id = u.id
+WHERE u.received_at < now() - make_interval(secs => $1)
+ORDER BY u.id
 LIMIT $2
-FOR UPDATE SKIP LOCKED
+FOR UPDATE OF u SKIP LOCKED
 """
 
 
@@ -119,7 +134,8 @@ async def lock_unpublished(db: Executor, older_than_s: float, limit: int) -> lis
 
 async def webhooks_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT i.event_id, i.event_type, i.body, i.received_at, i.duplicates, i.published_at,"
+        "SELECT i.event_id, i.event_type, i.body, i.received_at, i.duplicates,"
+        " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
         " p.outcome AS processed_outcome"
         " FROM inbox i LEFT JOIN processed_events p"
         "   ON p.worker = 'orders' AND p.event_id = i.event_id"
@@ -129,5 +145,5 @@ async def webhooks_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.
 
 
 async def unpublished_count(conn: Executor) -> int:
-    """Stored webhooks not yet confirmed by RabbitMQ (walks a partial index of those only)."""
-    return int(await conn.fetchval("SELECT count(*) FROM inbox WHERE published_at IS NULL"))
+    """Stored webhooks not yet confirmed by RabbitMQ."""
+    return int(await conn.fetchval("SELECT count(*) FROM inbox_unpublished"))

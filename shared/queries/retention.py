@@ -8,8 +8,9 @@ from shared.db import Executor
 async def delete_old(conn: Executor, table: str, retention_s: float, limit: int) -> int:
     """Delete up to `limit` rows past the retention; never an unpublished inbox/outbox row."""
     statements = {
-        "inbox": "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE received_at <"
-        " now() - make_interval(secs => $1) AND published_at IS NOT NULL LIMIT $2)",
+        "inbox": "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox i WHERE received_at <"
+        " now() - make_interval(secs => $1) AND NOT EXISTS"
+        " (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) LIMIT $2)",
         "outbox": "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE created_at <"
         " now() - make_interval(secs => $1) AND published_at IS NOT NULL LIMIT $2)",
         "processed_events": "DELETE FROM processed_events WHERE (worker, event_id) IN (SELECT"

@@ -204,7 +204,7 @@ def smtp_counts(sink: SmtpSink) -> Counter[str]:
 
 _PROGRESS = """
 SELECT
-  (SELECT count(*) FROM inbox WHERE published_at IS NULL) AS inbox_unpublished,
+  (SELECT count(*) FROM inbox_unpublished) AS inbox_unpublished,
   (SELECT count(*) FROM inbox i WHERE NOT EXISTS (
       SELECT 1 FROM processed_events p WHERE p.worker = 'orders' AND p.event_id = i.event_id)
   ) AS orders_pending,

@@ -14,10 +14,11 @@ async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
 ) -> None:
     async def inbox(event_id: str, age_days: int, published: bool) -> None:
         await db.execute(
-            "INSERT INTO inbox (provider, event_id, event_type, body, headers, received_at,"
-            " published_at) VALUES ('xhub', $1, 'payment.status_changed', '{}', '{}',"
-            " now() - make_interval(days => $2),"
-            " CASE WHEN $3 THEN now() - make_interval(days => $2) END)",
+            "WITH i AS (INSERT INTO inbox (provider, event_id, event_type, body, headers,"
+            " received_at) VALUES ('xhub', $1, 'payment.status_changed', '{}', '{}',"
+            " now() - make_interval(days => $2)) RETURNING id, received_at)"
+            " INSERT INTO inbox_unpublished (id, received_at)"
+            " SELECT id, received_at FROM i WHERE NOT $3",
             event_id,
             age_days,
             published,

@@ -137,8 +137,15 @@ async def _rows(db: Any, event_id: str) -> list[Any]:
     return list(await db.fetch("SELECT * FROM inbox WHERE event_id = $1", event_id))
 
 
-async def _published_at(db: Any, event_id: str) -> Any:
-    return await db.fetchval("SELECT published_at FROM inbox WHERE event_id = $1", event_id)
+async def _published(db: Any, event_id: str) -> bool:
+    """Stored, and its publish confirmed (no longer among the unpublished)."""
+    return bool(
+        await db.fetchval(
+            "SELECT NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id)"
+            " FROM inbox i WHERE event_id = $1",
+            event_id,
+        )
+    )
 
 
 async def _message_ids(amqp: Any, topology: Topology, *, settle_s: float = 0.5) -> list[str]:
@@ -170,7 +177,7 @@ async def test_broker_cut_answers_503_and_the_retry_publishes_once(
     assert (await retry.json())["status"] in {"accepted", "duplicate"}
     assert await _message_ids(amqp, topology) == [event_id]
     assert len(await _rows(db, event_id)) == 1
-    await eventually(lambda: _published_at(db, event_id), lambda at: at is not None)
+    await eventually(lambda: _published(db, event_id), lambda published: published)
 
 
 async def test_broker_stall_answers_503_and_the_retry_leaves_one_message(
@@ -224,7 +231,8 @@ async def test_database_outage_answers_503_publishes_nothing_and_the_retry_is_st
     # copy that was never confirmed is published by the retry ("published now").
     ids = await _message_ids(amqp, topology)
     rows = [
-        {k: r[k] for k in ("received_at", "published_at", "duplicates")}
+        {k: r[k] for k in ("received_at", "duplicates")}
+        | {"published": await _published(db, event_id)}
         for r in await _rows(db, event_id)
     ]
     assert ids == [event_id], f"retry answered {await retry.json()}; queue: {ids}; row: {rows}"
@@ -243,14 +251,14 @@ async def test_sweeper_publishes_an_event_whose_publish_failed_and_was_never_ret
     proxies.amqp.cut()
     response, elapsed_s = await _post(client, event_id, body)
     _assert_unavailable(response, elapsed_s)
-    [row] = await _rows(db, event_id)
-    assert row["published_at"] is None
+    assert len(await _rows(db, event_id)) == 1
+    assert not await _published(db, event_id)
 
     proxies.amqp.restore()  # ...and the provider never retries
 
     await eventually(
-        lambda: _published_at(db, event_id),
-        lambda at: at is not None,
+        lambda: _published(db, event_id),
+        lambda published: published,
         timeout_s=RECONNECT_TIMEOUT_S,
     )
     assert await _message_ids(amqp, topology) == [event_id]

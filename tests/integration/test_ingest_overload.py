@@ -105,7 +105,7 @@ async def test_under_overload_every_answer_is_a_stored_and_queued_200_or_a_503(
     assert all(a.retry_after == "5" for a in answers if a.status == 503)
     assert max(a.elapsed_s for a in answers) < BUDGET_S
     accepted = sorted(a.event_id for a in answers if a.status == 200)
-    stored = await db.fetch("SELECT event_id, published_at FROM inbox ORDER BY event_id")
+    stored = await db.fetch("SELECT event_id FROM inbox ORDER BY event_id")
     assert [r["event_id"] for r in stored] == accepted  # nothing stored for a 503
     queued = await drain(amqp, topology.work["orders"].name)
     assert sorted(m.message_id or "" for m in queued) == accepted  # each queued once

@@ -54,7 +54,7 @@ def test_no_sql_outside_shared_queries() -> None:
 
 def test_the_sql_check_sees_sql() -> None:
     assert DML.match("SELECT payment_id FROM orders")
-    assert DML.match(" UPDATE inbox SET published_at = now()")
+    assert DML.match(" DELETE FROM inbox_unpublished WHERE id = ANY($1)")
     assert not DML.match("Select the orders a reconciler should ask about.")
 
 
