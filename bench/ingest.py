@@ -155,7 +155,8 @@ async def _check(
         row = await conn.fetchrow(
             "SELECT count(*) AS rows, count(*) FILTER (WHERE event_id = ANY($2::text[])) AS ok,"
             " count(u.id) AS unpublished"
-            " FROM inbox i LEFT JOIN inbox_unpublished u ON u.id = i.id WHERE provider = 'xhub' AND event_id LIKE $1",
+            " FROM inbox i LEFT JOIN inbox_unpublished u ON u.id = i.id"
+            " WHERE provider = 'xhub' AND event_id LIKE $1",
             run_id + "%",
             list(answered_200),
         )

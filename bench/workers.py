@@ -80,7 +80,10 @@ DEFAULT_PREFIX = "benchw."
 # 1,500/s on 2 cores leaves 1.3 ms.
 TARGET_PER_S = 1500.0
 CLIENT_PROCESSES = 2
-TABLES = "inbox, inbox_unpublished, orders, order_transitions, processed_events, outbox, bonus_ledger, emails_sent"
+TABLES = (
+    "inbox, inbox_unpublished, orders, order_transitions, processed_events, outbox,"
+    " bonus_ledger, emails_sent"
+)
 EMAIL_FROM = "payments@bench.payhooks.localhost"
 # CPU (% of one core) used meanwhile by processes that are not part of the benchmark, above
 # which the figures say more about the neighbours than about payhooks.

@@ -260,8 +260,8 @@ async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
     )
     await init_connection(conn)
     await conn.execute(
-        "TRUNCATE inbox, inbox_unpublished, orders, order_transitions, processed_events, outbox, bonus_ledger,"
-        " emails_sent RESTART IDENTITY"
+        "TRUNCATE inbox, inbox_unpublished, orders, order_transitions, processed_events, outbox,"
+        " bonus_ledger, emails_sent RESTART IDENTITY"
     )
     try:
         yield conn
