@@ -1,7 +1,10 @@
-"""The worker runtime every consumer shares: ack after commit, retry ladder, DLQ, metrics.
+"""The worker runtime every consumer shares: batches, ack after commit, retry ladder, DLQ.
 
-A handler gets one `Delivery` and returns its outcome (`ok` or `skipped_duplicate`) once its
-transaction committed; only then is the message acked. A failure is routed by kind:
+Messages are taken in batches of what has arrived (up to BATCH_SIZE, BATCHERS batches at a
+time). The handler answers each delivery's outcome (`ok`, `skipped_duplicate`) once committed,
+or the exception that failed it (shared/batches.py: one transaction per batch, a savepoint
+per message). The committed ones are acked together, with one multiple-ack as far as no
+earlier delivery is still in another batch; a failure is routed alone, by kind:
 
 * PermanentError (a body that can never be valid) goes to the DLQ at once, and so does a
   message without a message id (reason `invalid_message`): the handlers' idempotency key is
@@ -24,8 +27,8 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aio_pika
@@ -34,6 +37,8 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
 from aiohttp import web
 
+from shared.acks import AckWindow
+from shared.batches import BatchHandler, Delivery, Result
 from shared.broker import BROKER, Broker, persistent_copy
 from shared.errors import PermanentError, TransientError
 from shared.metrics import WorkerMetrics
@@ -59,9 +64,14 @@ _WATCH_INTERVAL_S = 2.0
 # After the broker is ready again, how long the robust channel gets to restore the consumer.
 _RECONSUME_AFTER_S = 20.0
 
-# Database connections per worker process. Prefetched messages beyond this wait for a
-# connection; PostgreSQL's default of 100 connections must fit every replica of every service.
+# Database connections per worker process; PostgreSQL's default of 100 connections must fit
+# every replica of every service.
 POOL_SIZE = 10
+# Messages per batch at most, and batches in progress at once (each holds a connection).
+BATCH_SIZE = 50
+BATCHERS = 3
+# How long a batch that is not full waits for more messages.
+LINGER_S = 0.002
 _MAX_ERROR_CHARS = 500
 
 
@@ -69,29 +79,22 @@ class MissingMessageIdError(PermanentError):
     """A message without the message id every handler deduplicates on: never processed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """What a handler sees of one message."""
-
-    message_id: str
-    routing_key: str
-    body: bytes
-    attempts: int
-
-
-Handler = Callable[[Delivery], Awaitable[str]]
-
-
 class Worker:
+    """Consumes one queue in batches: each batcher takes what has arrived (up to
+    `batch_size`), hands it to the handler, routes the failures alone and acks the rest
+    with one multiple-ack as far as no earlier delivery is still being worked on."""
+
     def __init__(
         self,
         name: str,
         broker: Broker,
         queue: WorkQueue,
-        handler: Handler,
+        handler: BatchHandler,
         metrics: WorkerMetrics,
         *,
-        prefetch: int = 32,
+        batch_size: int = BATCH_SIZE,
+        batchers: int = BATCHERS,
+        linger_s: float = LINGER_S,
         shutdown_timeout_s: float = 10.0,
     ) -> None:
         self.name = name
@@ -99,16 +102,28 @@ class Worker:
         self._queue = queue
         self._handler = handler
         self._metrics = metrics
-        self._prefetch = prefetch
+        self._batch_size = batch_size
+        self._batchers = batchers
+        self._linger_s = linger_s
+        # Enough for every batcher to take a full batch while the next ones arrive.
+        self._prefetch = 2 * batch_size * batchers
         self._shutdown_timeout_s = shutdown_timeout_s
         self._channel: AbstractRobustChannel | None = None
         self._consumer_tag: str | None = None
         self._consuming: aio_pika.abc.AbstractQueue | None = None
-        self._in_flight: set[asyncio.Task[Any]] = set()
+        self._waiting: deque[AbstractIncomingMessage] = deque()
+        self._arrived = asyncio.Event()
+        self._windows: dict[object, AckWindow] = {}
+        self._batcher_tasks: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._start_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._start_task = asyncio.create_task(self._run(), name=f"{self.name}-consumer")
+        self._batcher_tasks = [
+            asyncio.create_task(self._take_batches(), name=f"{self.name}-batcher-{n}")
+            for n in range(self._batchers)
+        ]
 
     async def _run(self) -> None:
         """Consume, then watch: the robust channel restores the consumer after an outage; if
@@ -192,12 +207,14 @@ class Worker:
         )
 
     async def stop(self) -> None:
-        """Stop taking messages, let those in hand finish, hand back the rest."""
+        """Stop taking messages, let the batches in hand finish, hand back the rest."""
         if self._start_task is not None and not self._start_task.done():
             await cancel_and_wait(self._start_task)
         if self._consuming is not None and self._consumer_tag is not None:
             with contextlib.suppress(Exception):
                 await self._consuming.cancel(self._consumer_tag)
+        for task in self._batcher_tasks:  # waiting for the next batch, not in one
+            await cancel_and_wait(task)
         if self._in_flight:
             # Not finished in time: closing the channel returns them to the queue unacked.
             await asyncio.wait(self._in_flight, timeout=self._shutdown_timeout_s)
@@ -206,48 +223,111 @@ class Worker:
                 await self._channel.close()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._in_flight.add(task)
-        try:
-            await self._process(message)
-        finally:
-            if task is not None:
-                self._in_flight.discard(task)
+        self._window(message).received(message.delivery_tag or 0)
+        self._waiting.append(message)
+        self._arrived.set()
 
-    async def _process(self, message: AbstractIncomingMessage) -> None:
+    def _window(self, message: AbstractIncomingMessage) -> AckWindow:
+        """The ack window of the channel the message came on (a new one after the robust
+        channel was restored: delivery tags start again at 1)."""
+        channel = message.channel
+        window = self._windows.get(channel)
+        if window is None:
+            self._windows = {c: w for c, w in self._windows.items() if not _closed(c)}
+            window = self._windows[channel] = AckWindow()
+        return window
+
+    async def _take_batches(self) -> None:
+        while True:
+            while not self._waiting:
+                self._arrived.clear()
+                await self._arrived.wait()
+            if len(self._waiting) < self._batch_size:
+                await asyncio.sleep(self._linger_s)  # what arrives meanwhile joins the batch
+            batch = [
+                self._waiting.popleft() for _ in range(min(self._batch_size, len(self._waiting)))
+            ]
+            # Its own task, so that stop() can let it finish while no new batch starts.
+            task = asyncio.create_task(self._process_or_hand_back(batch))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            await asyncio.shield(task)
+
+    async def _process_or_hand_back(self, batch: list[AbstractIncomingMessage]) -> None:
+        try:
+            await self._process(batch)
+        except Exception as e:  # a channel closed under an ack, a bug: hand back the rest
+            log.exception("batch.failed", worker=self.name, error=repr(e))
+            unsettled = [m for m in batch if self._window(m).is_open(m.delivery_tag or 0)]
+            for message in unsettled:
+                with contextlib.suppress(Exception):
+                    await message.nack(requeue=True)
+            await self._settle(unsettled, settled=True)
+
+    async def _process(self, messages: list[AbstractIncomingMessage]) -> None:
         started = time.perf_counter()
-        headers = message.headers or {}
-        delivery = Delivery(
-            message_id=message.message_id or "",
-            routing_key=message.routing_key or "",
-            body=message.body,
-            attempts=_int(headers.get(ATTEMPTS)),
-        )
-        with structlog.contextvars.bound_contextvars(
-            worker=self.name, message_id=delivery.message_id, routing_key=delivery.routing_key
-        ):
-            try:
-                if not delivery.message_id:
-                    raise MissingMessageIdError("message has no message_id (no idempotency key)")
-                outcome = await self._handler(delivery)
-            except PermanentError as e:
-                outcome = await self._fail(message, delivery, e, retry=False)
-            except Exception as e:
-                outcome = await self._fail(message, delivery, e, retry=True)
-            else:
-                await message.ack()
+        deliveries = [_delivery(m) for m in messages]
+        handled = [i for i, d in enumerate(deliveries) if d.message_id]
+        results: list[Result] = [
+            MissingMessageIdError("message has no message_id (no idempotency key)")
+        ] * len(messages)
+        with structlog.contextvars.bound_contextvars(worker=self.name):
+            if handled:
+                for i, result in zip(
+                    handled, await self._handler([deliveries[i] for i in handled]), strict=True
+                ):
+                    results[i] = result
+            ok = [m for m, r in zip(messages, results, strict=True) if isinstance(r, str)]
+            failed = [
+                (m, d, r)
+                for m, d, r in zip(messages, deliveries, results, strict=True)
+                if isinstance(r, Exception)
+            ]
+            outcomes = [r if isinstance(r, str) else "failed" for r in results]
+            if failed:
+                routed = await asyncio.gather(
+                    *(
+                        self._fail(m, d, e, retry=not isinstance(e, PermanentError))
+                        for m, d, e in failed
+                    )
+                )
+                for (m, _, _), outcome in zip(failed, routed, strict=True):
+                    outcomes[messages.index(m)] = outcome
+                await self._settle([m for m, _, _ in failed], settled=True)
+            await self._settle(ok, settled=False)
             duration_s = time.perf_counter() - started
-            self._metrics.observe(outcome, duration_s)
+            for outcome in outcomes:
+                self._metrics.observe(outcome, duration_s)
             log.info(
-                "message.processed",
-                outcome=outcome,
-                attempts=delivery.attempts,
+                "batch.processed",
+                messages=len(messages),
+                outcomes=dict(Counter(outcomes)),
                 duration_s=round(duration_s, 6),
             )
 
+    async def _settle(self, messages: list[AbstractIncomingMessage], *, settled: bool) -> None:
+        """Mark messages finished in their channel's ack window (`settled`: acked or nacked
+        alone already) and ack as far as each window allows, one multiple-ack per channel."""
+        by_channel: dict[object, list[AbstractIncomingMessage]] = {}
+        for message in messages:
+            by_channel.setdefault(message.channel, []).append(message)
+        for channel, group in by_channel.items():
+            tags = [m.delivery_tag or 0 for m in group]
+            ack_to = self._window(group[0]).done(tags, settled=settled)
+            if ack_to is None or _closed(channel):
+                continue  # closed: the broker hands them out again, the handlers dedup
+            try:
+                await group[0].channel.basic_ack(delivery_tag=ack_to, multiple=True)
+            except Exception as e:
+                log.warning("batch.ack_failed", worker=self.name, error=repr(e))
+
     async def _fail(
-        self, message: AbstractIncomingMessage, delivery: Delivery, error: Exception, retry: bool
+        self,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        error: Exception,
+        *,
+        retry: bool,
     ) -> str:
         attempts = delivery.attempts + 1
         retries = self._queue.retry_queues
@@ -273,22 +353,37 @@ class Worker:
         expected = isinstance(error, PermanentError | TransientError)
         (log.info if expected else log.error)(
             f"message.{outcome}",
+            message_id=delivery.message_id,
+            routing_key=delivery.routing_key,
             error=headers[LAST_ERROR],
             attempts=attempts,
             target=target,
-            exc_info=not expected,
+            exc_info=False if expected else error,
         )
         try:
             await self._broker.publish_to_queue(
                 target, persistent_copy(message, headers), _PUBLISH_TIMEOUT_S
             )
         except Exception as e:
-            log.warning("message.handed_back", error=repr(e))
+            log.warning("message.handed_back", message_id=delivery.message_id, error=repr(e))
             with contextlib.suppress(Exception):
                 await message.nack(requeue=True)
             return "retried"
         await message.ack()
         return outcome
+
+
+def _delivery(message: AbstractIncomingMessage) -> Delivery:
+    return Delivery(
+        message_id=message.message_id or "",
+        routing_key=message.routing_key or "",
+        body=message.body,
+        attempts=_int((message.headers or {}).get(ATTEMPTS)),
+    )
+
+
+def _closed(channel: object) -> bool:
+    return bool(getattr(channel, "is_closed", True))
 
 
 def _int(value: object) -> int:
@@ -301,15 +396,24 @@ def _int(value: object) -> int:
 def worker_ctx(
     name: str,
     queue: WorkQueue,
-    make_handler: Callable[[web.Application], Handler],
+    make_handler: Callable[[web.Application], BatchHandler],
     metrics: WorkerMetrics,
     *,
-    prefetch: int = 32,
+    batch_size: int = BATCH_SIZE,
+    batchers: int = BATCHERS,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup context that consumes `queue` with the handler built from the app."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        worker = Worker(name, app[BROKER], queue, make_handler(app), metrics, prefetch=prefetch)
+        worker = Worker(
+            name,
+            app[BROKER],
+            queue,
+            make_handler(app),
+            metrics,
+            batch_size=batch_size,
+            batchers=batchers,
+        )
 
         async def consumer() -> bool:
             return await worker.consuming()

@@ -12,12 +12,14 @@ from shared.db import DB_POOL, pool_ctx
 from shared.metrics import BonusMetrics, WorkerMetrics
 from shared.topology import build_topology
 from shared.web import base_app
-from shared.worker import POOL_SIZE, worker_ctx
+from shared.worker import BATCH_SIZE, BATCHERS, POOL_SIZE, worker_ctx
 
 REQUIRED_ENV: tuple[str, ...] = ()
 
 
-def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
+def create_app(
+    settings: Settings, *, batch_size: int = BATCH_SIZE, batchers: int = BATCHERS
+) -> web.Application:
     metrics = WorkerMetrics.create(WORKER)
     bonus_metrics = BonusMetrics.create(metrics.registry)
     app = base_app(metrics.registry)
@@ -30,7 +32,8 @@ def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
             topology.work_queue("bonuses"),
             lambda app: make_handler(app[DB_POOL], settings.bonus_points, bonus_metrics),
             metrics,
-            prefetch=prefetch,
+            batch_size=batch_size,
+            batchers=batchers,
         )
     )
     return app

@@ -3,7 +3,8 @@
 Whichever transition the message names, the handler replays every transition committed so
 far (services/bonuses/domain.py) and adds the entries still missing, each unique on its
 transition: messages reordered, repeated or handled by two workers at once add each entry
-once, and no lock is needed (the history only grows at its end).
+once, and no lock is needed (the history only grows at its end). A batch of messages is
+applied in one transaction (shared/batches.py), each under its own savepoint.
 """
 
 from __future__ import annotations
@@ -14,65 +15,70 @@ import asyncpg
 import structlog
 
 from services.bonuses.domain import SIGN, EntryKind, Transition, entries_for
+from shared.batches import BatchHandler, Delivery, Step, in_one_transaction
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics
 from shared.queries import ledger as ledger_sql
 from shared.queries import orders as orders_sql
 from shared.queries import processed as processed_sql
-from shared.worker import Delivery, Handler
 
 log = structlog.get_logger(__name__)
 
 WORKER = "bonuses"
 
 
-def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) -> Handler:
-    async def handle(delivery: Delivery) -> str:
+def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) -> BatchHandler:
+    async def handle(step: Step, delivery: Delivery) -> str:
         payment_id = OrderTransition.decode(delivery.body).payment_id
-        async with pool.acquire() as conn, conn.transaction():
-            order = await orders_sql.order_for_payment(conn, payment_id)
-            if order is None:
-                raise UnknownPaymentError(f"no order for payment {payment_id}")
-            if not await processed_sql.mark_processed(conn, WORKER, delivery.message_id, "ok"):
-                return "skipped_duplicate"
-            history = [
-                Transition(r["id"], r["to_status"], r["event_id"])
-                for r in await orders_sql.transitions_for_payment(conn, payment_id)
-            ]
-            due = entries_for(history)
-            added = set(
-                await ledger_sql.add_ledger_entries(
-                    conn,
-                    payment_id,
-                    order["user_id"],
-                    [
-                        (
-                            e.transition.id,
-                            e.kind.value,
-                            SIGN[e.kind] * points,
-                            e.transition.event_id,
-                        )
-                        for e in due
-                    ],
+        conn = step.conn
+        order = await orders_sql.order_for_payment(conn, payment_id)
+        if order is None:
+            raise UnknownPaymentError(f"no order for payment {payment_id}")
+        if not await processed_sql.mark_processed(conn, WORKER, delivery.message_id, "ok"):
+            return "skipped_duplicate"
+        history = [
+            Transition(r["id"], r["to_status"], r["event_id"])
+            for r in await orders_sql.transitions_for_payment(conn, payment_id)
+        ]
+        due = entries_for(history)
+        added = set(
+            await ledger_sql.add_ledger_entries(
+                conn,
+                payment_id,
+                order["user_id"],
+                [
+                    (e.transition.id, e.kind.value, SIGN[e.kind] * points, e.transition.event_id)
+                    for e in due
+                ],
+            )
+        )
+
+        def committed() -> None:
+            for entry in due:
+                if entry.transition.id not in added:
+                    continue
+                signed = SIGN[entry.kind] * points
+                metrics.entries.labels(kind=entry.kind.value).inc()
+                if entry.kind is EntryKind.GRANT:
+                    metrics.points_granted.inc(signed)
+                log.info(
+                    "bonus.entry_added",
+                    message_id=delivery.message_id,
+                    payment_id=payment_id,
+                    user_id=order["user_id"],
+                    kind=entry.kind.value,
+                    points=signed,
+                    transition_id=entry.transition.id,
+                    to_status=entry.transition.to_status,
                 )
-            )
-        for entry in due:
-            if entry.transition.id not in added:
-                continue
-            signed = SIGN[entry.kind] * points
-            metrics.entries.labels(kind=entry.kind.value).inc()
-            if entry.kind is EntryKind.GRANT:
-                metrics.points_granted.inc(signed)
-            log.info(
-                "bonus.entry_added",
-                payment_id=payment_id,
-                user_id=order["user_id"],
-                kind=entry.kind.value,
-                points=signed,
-                transition_id=entry.transition.id,
-                to_status=entry.transition.to_status,
-            )
+
+        step.after_commit(committed)
         return "ok"
 
-    return handle
+    return in_one_transaction(pool, handle, sort_key=payment_id_of)
+
+
+def payment_id_of(delivery: Delivery) -> str:
+    """The batch order: the payment whose ledger the message extends."""
+    return OrderTransition.decode(delivery.body).payment_id

@@ -22,7 +22,15 @@ REQUIRED_ENV: tuple[str, ...] = ()
 SENDER = web.AppKey("smtp_sender", SmtpSender)
 
 
-def create_app(settings: Settings, *, prefetch: int = 16) -> web.Application:
+# A batch's emails are sent before its commit, over the sender's SMTP connections: smaller
+# batches than the other workers', so that a slow SMTP server holds a transaction less long.
+EMAIL_BATCH_SIZE = 32
+EMAIL_BATCHERS = 2
+
+
+def create_app(
+    settings: Settings, *, batch_size: int = EMAIL_BATCH_SIZE, batchers: int = EMAIL_BATCHERS
+) -> web.Application:
     metrics = WorkerMetrics.create(WORKER)
     email_metrics = EmailMetrics.create(metrics.registry)
     app = base_app(metrics.registry)
@@ -42,7 +50,8 @@ def create_app(settings: Settings, *, prefetch: int = 16) -> web.Application:
             topology.work_queue("emails"),
             lambda app: make_handler(app[DB_POOL], app[SENDER], settings.email_from, email_metrics),
             metrics,
-            prefetch=prefetch,
+            batch_size=batch_size,
+            batchers=batchers,
         )
     )
     return app

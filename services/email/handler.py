@@ -4,8 +4,10 @@ A payment's emails are decided and sent one at a time (a lock per payment), and 
 email whose payment already has its refund email is not sent but recorded as skipped: a
 customer never reads "payment received" after "payment refunded" (SPEC 5).
 
-The send happens inside the transaction that inserts the emails_sent row, and the commit
-follows the SMTP server's acceptance. If PostgreSQL goes away between the two (the commit
+A batch of messages is decided in one transaction (a savepoint each), its emails are sent
+before the commit (a payment's in the order decided, payments concurrently), and the claims
+of the ones that failed to send are taken back before it. The commit follows the SMTP
+server's acceptance. If PostgreSQL goes away between the two (the commit
 fails), the row is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
 database outage does not resend. A crash of the process in that window is the one case that
 resends: the redelivered message finds no row and sends again — with the same deterministic
@@ -15,6 +17,9 @@ Message-ID, which mail systems dedup.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from email.message import Message
 from typing import Any
 
 import asyncpg
@@ -22,13 +27,13 @@ import structlog
 
 from services.email.sender import Sender
 from services.email.templates import REFUNDED, SUCCEEDED, TEMPLATE_FOR_EVENT, message_id, render
-from shared.db import TRANSIENT_DB_ERRORS
+from shared.batches import BatchHandler, Delivery, Result
+from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
 from shared.queries import emails as emails_sql
 from shared.queries import orders as orders_sql
-from shared.worker import Delivery, Handler
 
 log = structlog.get_logger(__name__)
 
@@ -40,57 +45,131 @@ _RECORD_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 _RECORD_ATTEMPT_S = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Email:
+    """An email decided and claimed in the batch transaction, to be sent before its commit."""
+
+    index: int  # of its delivery in the batch
+    template: str
+    record: tuple[str, str, str, str, str]  # payment id, template, Message-ID, to, event id
+    message: Message
+
+
 def make_handler(
     pool: asyncpg.Pool[Any], sender: Sender, email_from: str, metrics: EmailMetrics
-) -> Handler:
-    async def handle(delivery: Delivery) -> str:
+) -> BatchHandler:
+    """A batch's emails are decided in one transaction (a savepoint each, payments in id
+    order, each payment locked), then sent (a payment's emails one after the other in the
+    order decided, different payments concurrently), then committed together; the record of
+    an email whose send failed is taken back before the commit."""
+
+    async def decide(conn: Executor, delivery: Delivery, index: int) -> tuple[str, _Email | None]:
         transition = OrderTransition.decode(delivery.body)
         template = TEMPLATE_FOR_EVENT.get(transition.event)
         if template is None:
-            return "ok"  # order.cancelled and friends send nothing
-        mid = message_id(template, transition.payment_id, email_from)
-        sent: tuple[str, str, str, str, str] | None = None  # the record of an email sent
-        skipped = False
+            return "ok", None  # order.cancelled and friends send nothing
+        payment_id = transition.payment_id
+        order = await orders_sql.order_for_payment(conn, payment_id)
+        if order is None:
+            raise UnknownPaymentError(f"no order for payment {payment_id}")
+        mid = message_id(template, payment_id, email_from)
+        record = (payment_id, template, mid, order["email"], delivery.message_id)
+        await emails_sql.lock_payment_emails(conn, payment_id)
+        skipped = template == SUCCEEDED and await emails_sql.is_recorded(conn, payment_id, REFUNDED)
+        if not await emails_sql.record_email(conn, *record, skipped=skipped):
+            return "skipped_duplicate", None
+        if skipped:
+            return "skipped_after_refund", None
+        message = render(
+            template,
+            payment_id=payment_id,
+            order_id=order["order_id"],
+            amount=str(order["amount"]),
+            currency=order["currency"],
+            recipient=order["email"],
+            sender=email_from,
+        )
+        return "ok", _Email(index, template, record, message)
+
+    async def handle(deliveries: Sequence[Delivery]) -> list[Result]:
+        results: list[Result] = ["ok"] * len(deliveries)
+        emails: list[_Email] = []
+        failed: dict[int, Exception] = {}
+        delivered: list[_Email] = []  # accepted by the SMTP server
         try:
             async with pool.acquire() as conn, conn.transaction():
-                order = await orders_sql.order_for_payment(conn, transition.payment_id)
-                if order is None:
-                    raise UnknownPaymentError(f"no order for payment {transition.payment_id}")
-                record = (transition.payment_id, template, mid, order["email"], delivery.message_id)
-                await emails_sql.lock_payment_emails(conn, transition.payment_id)
-                skipped = template == SUCCEEDED and await emails_sql.is_recorded(
-                    conn, transition.payment_id, REFUNDED
-                )
-                if not await emails_sql.record_email(conn, *record, skipped=skipped):
-                    return "skipped_duplicate"
-                if not skipped:
-                    await sender.send(
-                        render(
-                            template,
-                            payment_id=transition.payment_id,
-                            order_id=order["order_id"],
-                            amount=str(order["amount"]),
-                            currency=order["currency"],
-                            recipient=order["email"],
-                            sender=email_from,
-                        )
+                for i in sorted(range(len(deliveries)), key=lambda i: _payment(deliveries[i])):
+                    try:
+                        async with conn.transaction():  # a savepoint
+                            results[i], email = await decide(conn, deliveries[i], i)
+                    except Exception as e:
+                        results[i] = e
+                    else:
+                        if email is not None:
+                            emails.append(email)
+                failed = await _send_all(sender, emails)
+                delivered = [m for m in emails if m.index not in failed]
+                if failed:
+                    await emails_sql.forget_emails(
+                        conn, [e.record[:2] for e in emails if e.index in failed]
                     )
-                    sent = record
-        except TRANSIENT_DB_ERRORS as e:
-            if sent is None:
-                raise
-            # The SMTP server has the email; the failed commit took its record with it.
-            log.warning("email.record_failed_after_send", error=repr(e))
-            await _record_after_send(pool, *sent)
-        if skipped:
-            metrics.emails_skipped.labels(template=template).inc()
-            log.info("email.skipped_after_refund", payment_id=transition.payment_id)
-            return "ok"
-        metrics.emails_sent.labels(template=template).inc()
-        log.info("email.sent", payment_id=transition.payment_id, template=template)
-        return "ok"
+        except TRANSIENT_DB_ERRORS as caught:
+            lost = caught if isinstance(caught, Exception) else RuntimeError(repr(caught))
+            if not delivered:
+                return [r if isinstance(r, Exception) else lost for r in results]
+            # The SMTP server has these emails; the failed commit took their records along.
+            log.warning("email.record_failed_after_send", error=repr(lost), emails=len(delivered))
+            results = [r if isinstance(r, Exception) else lost for r in results]
+            for email in delivered:
+                try:
+                    await _record_after_send(pool, *email.record)
+                except Exception as again:
+                    results[email.index] = again
+                else:
+                    results[email.index] = "ok"
+        for index, error in failed.items():
+            results[index] = error
+        for i, result in enumerate(results):
+            if result == "skipped_after_refund":
+                transition = OrderTransition.decode(deliveries[i].body)
+                metrics.emails_skipped.labels(template=SUCCEEDED).inc()
+                log.info("email.skipped_after_refund", payment_id=transition.payment_id)
+                results[i] = "ok"
+        for email in emails:
+            if email.index not in failed and results[email.index] == "ok":
+                metrics.emails_sent.labels(template=email.template).inc()
+                log.info("email.sent", payment_id=email.record[0], template=email.template)
+        return results
 
     return handle
+
+
+def _payment(delivery: Delivery) -> str:
+    try:
+        return OrderTransition.decode(delivery.body).payment_id
+    except Exception:  # rejected when decided; its place in the order doesn't matter
+        return ""
+
+
+async def _send_all(sender: Sender, emails: list[_Email]) -> dict[int, Exception]:
+    """Send: a payment's emails in order, stopping at its first failure (a later one must not
+    arrive before it); payments concurrently. The failed and unsent ones, by index."""
+    by_payment: dict[str, list[_Email]] = {}
+    for email in emails:
+        by_payment.setdefault(email.record[0], []).append(email)
+    failed: dict[int, Exception] = {}
+
+    async def send_in_order(queue: list[_Email]) -> None:
+        for n, email in enumerate(queue):
+            try:
+                await sender.send(email.message)
+            except Exception as e:
+                for later in queue[n:]:
+                    failed[later.index] = e
+                return
+
+    await asyncio.gather(*(send_in_order(q) for q in by_payment.values()))
+    return failed
 
 
 async def _record_after_send(

@@ -16,14 +16,16 @@ from shared.outbox import OutboxRelay
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
-from shared.worker import POOL_SIZE, worker_ctx
+from shared.worker import BATCH_SIZE, BATCHERS, POOL_SIZE, worker_ctx
 
 REQUIRED_ENV: tuple[str, ...] = ()
 
 RELAY = web.AppKey("outbox_relay", OutboxRelay)
 
 
-def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
+def create_app(
+    settings: Settings, *, batch_size: int = BATCH_SIZE, batchers: int = BATCHERS
+) -> web.Application:
     metrics = WorkerMetrics.create(WORKER)
     order_metrics = OrderMetrics.create(metrics.registry)
     app = base_app(metrics.registry)
@@ -44,7 +46,8 @@ def create_app(settings: Settings, *, prefetch: int = 32) -> web.Application:
             topology.work_queue("orders"),
             lambda app: make_handler(app[DB_POOL], app[RELAY], order_metrics),
             metrics,
-            prefetch=prefetch,
+            batch_size=batch_size,
+            batchers=batchers,
         )
     )
     return app

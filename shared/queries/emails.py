@@ -55,6 +55,17 @@ async def record_email(
     return row is True
 
 
+async def forget_emails(conn: Executor, keys: Sequence[tuple[str, ...]]) -> None:
+    """Take back the claims of emails whose send failed (payment id, template): the retry
+    claims them again."""
+    await conn.execute(
+        "DELETE FROM emails_sent WHERE (payment_id, template) IN"
+        " (SELECT * FROM unnest($1::text[], $2::text[]))",
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+    )
+
+
 async def emails_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
         "SELECT template, message_id, recipient, sent_at, skipped FROM emails_sent"

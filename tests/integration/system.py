@@ -36,16 +36,15 @@ SECRET = TEST_SECRETS[0]
 EMAIL_FROM = "shop@example.test"
 UNAVAILABLE_RETRY_S = 10.0
 
-# Each worker instance holds a pool of prefetch + 2 connections; two instances of each worker
-# at the production prefetch (32) would want ~180, more than a default PostgreSQL allows. Four
-# messages in hand per instance still puts concurrent copies of one payment on one worker.
-PREFETCH = 4
+# Small batches, two at a time: four messages in hand per instance still put concurrent
+# copies of one payment on one worker, and batches of one instance next to each other.
+BATCH = {"batch_size": 2, "batchers": 2}
 
 APPS: dict[str, Callable[[Settings], web.Application]] = {
     "ingest": ingest_app,
-    "orders": lambda settings: orders_app(settings, prefetch=PREFETCH),
-    "bonuses": lambda settings: bonuses_app(settings, prefetch=PREFETCH),
-    "email": lambda settings: email_app(settings, prefetch=PREFETCH),
+    "orders": lambda settings: orders_app(settings, **BATCH),
+    "bonuses": lambda settings: bonuses_app(settings, **BATCH),
+    "email": lambda settings: email_app(settings, **BATCH),
 }
 # service -> the work queue it consumes (the worker label on its metrics is the service name)
 WORK_QUEUE = {"orders": "orders", "bonuses": "bonuses", "email": "emails"}

@@ -30,11 +30,11 @@ from services.email.sender import SmtpSender
 from services.email.templates import REFUNDED, SUCCEEDED
 from services.sim.summary import actual_effects, story_problems
 from shared import support
+from shared.batches import Delivery, Handler, one_by_one
 from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
 from shared.queries import orders as orders_sql
-from shared.worker import Delivery, Handler
 from tests.conftest import SmtpSink
 from tests.helpers import payment_event
 from tests.integration.system import System, gather_posts, quiescent, register
@@ -66,8 +66,10 @@ async def workers(
     sender = SmtpSender("127.0.0.1", smtp[1], connections=1)
     try:
         yield Workers(
-            bonus_handler(pool, POINTS, BonusMetrics.create(new_registry())),
-            email_handler(pool, sender, EMAIL_FROM, EmailMetrics.create(new_registry())),
+            one_by_one(bonus_handler(pool, POINTS, BonusMetrics.create(new_registry()))),
+            one_by_one(
+                email_handler(pool, sender, EMAIL_FROM, EmailMetrics.create(new_registry()))
+            ),
         )
     finally:
         await sender.close()
@@ -244,8 +246,8 @@ async def test_the_paid_and_refund_messages_handled_at_once_tell_one_story(
     pool = await create_pool(migrated_database, max_size=8)
     sender = SmtpSender("127.0.0.1", smtp[1], connections=4)
     workers = Workers(
-        bonus_handler(pool, POINTS, BonusMetrics.create(new_registry())),
-        email_handler(pool, sender, EMAIL_FROM, EmailMetrics.create(new_registry())),
+        one_by_one(bonus_handler(pool, POINTS, BonusMetrics.create(new_registry()))),
+        one_by_one(email_handler(pool, sender, EMAIL_FROM, EmailMetrics.create(new_registry()))),
     )
     statuses = HISTORIES["refunded"]
     try:

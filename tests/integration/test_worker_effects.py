@@ -26,13 +26,14 @@ from hypothesis import strategies as st
 from services.ingest.accept import outgoing
 from services.orders.domain import InvalidEventError, OrderStatus, expected_final_status
 from services.orders.handler import make_handler as orders_handler
+from shared.batches import Delivery, Handler, each_alone, one_by_one
 from shared.broker import Broker, to_message
 from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
 from shared.outbox import OutboxRelay
 from shared.topology import Topology, declare
-from shared.worker import Delivery, Handler, Worker
+from shared.worker import Worker
 from tests.conftest import SmtpSink
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import (
@@ -321,7 +322,11 @@ async def running_worker(
     broker = Broker(settings.amqp_url, topology)
     await broker.start()
     worker = Worker(
-        "ladder-test", broker, topology.work["orders"], handler, WorkerMetrics.create("t")
+        "ladder-test",
+        broker,
+        topology.work["orders"],
+        each_alone(handler),
+        WorkerMetrics.create("t"),
     )
     try:
         await broker.wait_connected(10)
@@ -468,7 +473,7 @@ async def test_transition_committed_but_never_published_is_published_once_by_the
     pool = await create_pool(effect_settings.database_url, max_size=2)
     try:
         relay = OutboxRelay(pool, Broker(effect_settings.amqp_url, topology))
-        handle = orders_handler(pool, relay, OrderMetrics.create(new_registry()))
+        handle = one_by_one(orders_handler(pool, relay, OrderMetrics.create(new_registry())))
         body = orjson.dumps(payment_event(payment_id, "paid"))
         outcome = await handle(Delivery(event_id, "payment.status_changed", body, attempts=0))
     finally:

@@ -19,13 +19,14 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from services.orders.handler import make_handler as orders_handler
+from shared.batches import BatchHandler
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
 from shared.outbox import OutboxRelay
 from shared.topology import Topology, declare
-from shared.worker import Handler, Worker
+from shared.worker import Worker
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import consumer_counts, depths, effects, header, register
 
@@ -39,7 +40,7 @@ async def orders_worker(
     pool = await create_pool(settings.database_url, max_size=2)
     broker = Broker(settings.amqp_url, topology)
     await broker.start()
-    handler: Handler = orders_handler(
+    handler: BatchHandler = orders_handler(
         pool, OutboxRelay(pool, broker), OrderMetrics.create(new_registry())
     )
     worker = Worker("orders", broker, topology.work["orders"], handler, WorkerMetrics.create("t"))
