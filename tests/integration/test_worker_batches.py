@@ -4,64 +4,15 @@ message, the failures routed alone. Real RabbitMQ, real PostgreSQL, the real ord
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import aio_pika
 import orjson
-from aio_pika.abc import AbstractChannel, DeliveryMode
 
-from services.orders.handler import make_handler as orders_handler
-from shared.broker import Broker
 from shared.config import Settings
-from shared.db import create_pool
-from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
-from shared.outbox import OutboxRelay
 from shared.topology import Topology, declare
-from shared.worker import Worker
 from tests.helpers import drain, eventually, payment_event
-from tests.integration.system import consumer_counts, depths, header, register
-
-
-@asynccontextmanager
-async def orders_worker(
-    settings: Settings, topology: Topology, channel: AbstractChannel, batch_size: int
-) -> AsyncIterator[None]:
-    pool = await create_pool(settings.database_url, max_size=2)
-    broker = Broker(settings.amqp_url, topology)
-    await broker.start()
-    handler = orders_handler(pool, OutboxRelay(pool, broker), OrderMetrics.create(new_registry()))
-    worker = Worker(
-        "orders",
-        broker,
-        topology.work["orders"],
-        handler,
-        WorkerMetrics.create("t"),
-        batch_size=batch_size,
-        batchers=1,
-        linger_s=0.2,  # the twelve messages put in the queue before arrive as one batch
-    )
-    try:
-        await broker.wait_connected(10)
-        worker.start()
-        queue = topology.work["orders"].name
-        await eventually(lambda: consumer_counts(channel, [queue]), lambda c: c == {queue: 1})
-        yield
-    finally:
-        await worker.stop()
-        await broker.close()
-        await pool.close()
-
-
-async def publish(channel: AbstractChannel, queue: str, body: bytes, message_id: str) -> None:
-    message = aio_pika.Message(
-        body,
-        message_id=message_id,
-        content_type="application/json",
-        delivery_mode=DeliveryMode.PERSISTENT,
-    )
-    await channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
+from tests.integration.system import depths, header, register
+from tests.integration.test_worker_message_id import orders_worker, publish
 
 
 async def test_a_batch_commits_together_and_its_poison_messages_are_routed_alone(
@@ -83,7 +34,9 @@ async def test_a_batch_commits_together_and_its_poison_messages_are_routed_alone
         await publish(amqp, work.name, body, event_id)
     await publish(amqp, work.name, events[0][1], events[0][0])  # a redelivered copy
 
-    async with orders_worker(settings, topology, amqp, batch_size=20):
+    # One batcher with a long linger: the twelve messages put in the queue before arrive as
+    # one batch.
+    async with orders_worker(settings, topology, amqp, batch_size=20, batchers=1, linger_s=0.2):
         await eventually(
             lambda: db.fetchval("SELECT count(*) FROM processed_events WHERE worker = 'orders'"),
             lambda n: n == len(payments),

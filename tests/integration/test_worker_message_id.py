@@ -33,17 +33,20 @@ from tests.integration.system import consumer_counts, depths, effects, header, r
 
 @asynccontextmanager
 async def orders_worker(
-    settings: Settings, topology: Topology, channel: AbstractChannel
+    settings: Settings, topology: Topology, channel: AbstractChannel, **batching: Any
 ) -> AsyncIterator[None]:
     """The orders queue consumed by shared.worker.Worker with the real orders handler (its
-    outbox relay never runs: the test looks at the order and processed_events only)."""
+    outbox relay never runs: the test looks at the order and processed_events only);
+    `batching`: the Worker's batch_size, batchers, linger_s."""
     pool = await create_pool(settings.database_url, max_size=2)
     broker = Broker(settings.amqp_url, topology)
     await broker.start()
     handler: BatchHandler = orders_handler(
         pool, OutboxRelay(pool, broker), OrderMetrics.create(new_registry())
     )
-    worker = Worker("orders", broker, topology.work["orders"], handler, WorkerMetrics.create("t"))
+    worker = Worker(
+        "orders", broker, topology.work["orders"], handler, WorkerMetrics.create("t"), **batching
+    )
     try:
         await broker.wait_connected(10)
         worker.start()
