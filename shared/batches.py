@@ -6,18 +6,18 @@ taking the same rows never deadlock. A message that fails rolls back to its save
 and is routed on its own (retry ladder, DLQ); the others commit together. If the commit
 itself fails, nothing of the batch was applied and every message is routed as failed.
 
-`each_alone`: every delivery handled by its own handler call, concurrently (the email worker:
-its SMTP send happens inside its own transaction).
+`apply_each` is that loop alone, for a handler with work of its own between the messages and
+the commit (the email worker sends its emails there).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from shared.db import Executor
 
@@ -42,9 +42,11 @@ Handler = Callable[[Delivery], Awaitable[str]]
 
 @dataclass(slots=True)
 class Step:
-    """One message's part of a batch transaction: its connection (inside the message's
-    savepoint) and what to do once the batch has committed (metrics, logs, wake-ups)."""
+    """One message's part of a batch transaction: its place in the batch, the connection
+    (inside the message's savepoint) and what to do once the batch has committed (metrics,
+    logs, wake-ups)."""
 
+    index: int
     conn: Executor
     then: list[Callable[[], None]] = field(default_factory=list)
 
@@ -55,41 +57,42 @@ class Step:
 StepHandler = Callable[[Step, Delivery], Awaitable[str]]
 
 
+async def apply_each(
+    conn: PoolConnectionProxy[Any],
+    deliveries: Sequence[Delivery],
+    handle: StepHandler,
+    sort_key: Callable[[Delivery], str],
+) -> tuple[list[Result | None], list[Step]]:
+    """Each delivery under its own savepoint of `conn`'s transaction, in `sort_key` order:
+    the outcome or exception of each (None if never reached) and the steps that succeeded."""
+    results: list[Result | None] = [None] * len(deliveries)
+    succeeded: list[Step] = []
+    for i in sorted(range(len(deliveries)), key=lambda i: _key(sort_key, deliveries[i])):
+        step = Step(i, conn)
+        try:
+            async with conn.transaction():  # a savepoint
+                results[i] = await handle(step, deliveries[i])
+        except Exception as e:
+            results[i] = e
+        else:
+            succeeded.append(step)
+    return results, succeeded
+
+
 def in_one_transaction(
     pool: asyncpg.Pool[Any], handle: StepHandler, sort_key: Callable[[Delivery], str]
 ) -> BatchHandler:
     async def run(deliveries: Sequence[Delivery]) -> list[Result]:
         results: list[Result | None] = [None] * len(deliveries)
-        order = sorted(range(len(deliveries)), key=lambda i: _key(sort_key, deliveries[i]))
-        committed: list[Step] = []
         try:
             async with pool.acquire() as conn, conn.transaction():
-                for i in order:
-                    step = Step(conn)
-                    try:
-                        async with conn.transaction():  # a savepoint
-                            results[i] = await handle(step, deliveries[i])
-                    except Exception as e:
-                        results[i] = e
-                    else:
-                        committed.append(step)
+                results, committed = await apply_each(conn, deliveries, handle, sort_key)
         except Exception as e:  # the commit (or the connection) failed: nothing was applied
             return [r if isinstance(r, Exception) else e for r in results]
         for step in committed:
             for action in step.then:
                 action()
         return [r if r is not None else RuntimeError("not handled") for r in results]
-
-    return run
-
-
-def each_alone(handle: Handler) -> BatchHandler:
-    async def run(deliveries: Sequence[Delivery]) -> list[Result]:
-        results = await asyncio.gather(*(handle(d) for d in deliveries), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, Exception):
-                raise result  # cancelled: the messages go back to the queue unacked
-        return [r for r in results if isinstance(r, str | Exception)]
 
     return run
 

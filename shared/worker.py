@@ -278,22 +278,19 @@ class Worker:
                 ):
                     results[i] = result
             ok = [m for m, r in zip(messages, results, strict=True) if isinstance(r, str)]
-            failed = [
-                (m, d, r)
-                for m, d, r in zip(messages, deliveries, results, strict=True)
-                if isinstance(r, Exception)
-            ]
+            failed = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
             outcomes = [r if isinstance(r, str) else "failed" for r in results]
-            if failed:
-                routed = await asyncio.gather(
-                    *(
-                        self._fail(m, d, e, retry=not isinstance(e, PermanentError))
-                        for m, d, e in failed
+            routed = await asyncio.gather(
+                *(
+                    self._fail(
+                        messages[i], deliveries[i], e, retry=not isinstance(e, PermanentError)
                     )
+                    for i, e in failed
                 )
-                for (m, _, _), outcome in zip(failed, routed, strict=True):
-                    outcomes[messages.index(m)] = outcome
-                await self._settle([m for m, _, _ in failed], settled=True)
+            )
+            for (i, _), outcome in zip(failed, routed, strict=True):
+                outcomes[i] = outcome
+            await self._settle([messages[i] for i, _ in failed], settled=True)
             await self._settle(ok, settled=False)
             duration_s = time.perf_counter() - started
             for outcome in outcomes:

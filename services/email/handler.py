@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email.message import Message
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -27,8 +28,8 @@ import structlog
 
 from services.email.sender import Sender
 from services.email.templates import REFUNDED, SUCCEEDED, TEMPLATE_FOR_EVENT, message_id, render
-from shared.batches import BatchHandler, Delivery, Result
-from shared.db import TRANSIENT_DB_ERRORS, Executor
+from shared.batches import BatchHandler, Delivery, Result, Step, apply_each
+from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
@@ -43,6 +44,8 @@ WORKER = "email"
 RECORD_AFTER_SEND_S = 120.0
 _RECORD_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 _RECORD_ATTEMPT_S = 5.0
+# A success email the refund email overtook: recorded, not sent; answered `ok`.
+_SKIPPED_AFTER_REFUND = "skipped_after_refund"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +66,14 @@ def make_handler(
     order decided, different payments concurrently), then committed together; the record of
     an email whose send failed is taken back before the commit."""
 
-    async def decide(conn: Executor, delivery: Delivery, index: int) -> tuple[str, _Email | None]:
+    async def decide(step: Step, delivery: Delivery, decided: dict[int, _Email]) -> str:
+        """Claim the email (or record it skipped) under the payment's lock; an email to send
+        goes into `decided`, by the delivery's place in the batch."""
+        conn = step.conn
         transition = OrderTransition.decode(delivery.body)
         template = TEMPLATE_FOR_EVENT.get(transition.event)
         if template is None:
-            return "ok", None  # order.cancelled and friends send nothing
+            return "ok"  # order.cancelled and friends send nothing
         payment_id = transition.payment_id
         order = await orders_sql.order_for_payment(conn, payment_id)
         if order is None:
@@ -77,9 +83,9 @@ def make_handler(
         await emails_sql.lock_payment_emails(conn, payment_id)
         skipped = template == SUCCEEDED and await emails_sql.is_recorded(conn, payment_id, REFUNDED)
         if not await emails_sql.record_email(conn, *record, skipped=skipped):
-            return "skipped_duplicate", None
+            return "skipped_duplicate"
         if skipped:
-            return "skipped_after_refund", None
+            return _SKIPPED_AFTER_REFUND
         message = render(
             template,
             payment_id=payment_id,
@@ -89,24 +95,21 @@ def make_handler(
             recipient=order["email"],
             sender=email_from,
         )
-        return "ok", _Email(index, template, record, message)
+        decided[step.index] = _Email(step.index, template, record, message)
+        return "ok"
 
     async def handle(deliveries: Sequence[Delivery]) -> list[Result]:
-        results: list[Result] = ["ok"] * len(deliveries)
+        results: list[Result | None] = [None] * len(deliveries)
+        decided: dict[int, _Email] = {}
         emails: list[_Email] = []
         failed: dict[int, Exception] = {}
         delivered: list[_Email] = []  # accepted by the SMTP server
         try:
             async with pool.acquire() as conn, conn.transaction():
-                for i in sorted(range(len(deliveries)), key=lambda i: _payment(deliveries[i])):
-                    try:
-                        async with conn.transaction():  # a savepoint
-                            results[i], email = await decide(conn, deliveries[i], i)
-                    except Exception as e:
-                        results[i] = e
-                    else:
-                        if email is not None:
-                            emails.append(email)
+                results, claimed = await apply_each(
+                    conn, deliveries, partial(decide, decided=decided), _payment_id
+                )
+                emails = [decided[step.index] for step in claimed if step.index in decided]
                 failed = await _send_all(sender, emails)
                 delivered = [m for m in emails if m.index not in failed]
                 if failed:
@@ -115,11 +118,12 @@ def make_handler(
                     )
         except TRANSIENT_DB_ERRORS as caught:
             lost = caught if isinstance(caught, Exception) else RuntimeError(repr(caught))
-            if not delivered:
-                return [r if isinstance(r, Exception) else lost for r in results]
-            # The SMTP server has these emails; the failed commit took their records along.
-            log.warning("email.record_failed_after_send", error=repr(lost), emails=len(delivered))
             results = [r if isinstance(r, Exception) else lost for r in results]
+            if delivered:
+                # The SMTP server has these emails; the failed commit took their records along.
+                log.warning(
+                    "email.record_failed_after_send", error=repr(lost), emails=len(delivered)
+                )
             for email in delivered:
                 try:
                     await _record_after_send(pool, *email.record)
@@ -130,25 +134,22 @@ def make_handler(
         for index, error in failed.items():
             results[index] = error
         for i, result in enumerate(results):
-            if result == "skipped_after_refund":
-                transition = OrderTransition.decode(deliveries[i].body)
+            if result == _SKIPPED_AFTER_REFUND:
                 metrics.emails_skipped.labels(template=SUCCEEDED).inc()
-                log.info("email.skipped_after_refund", payment_id=transition.payment_id)
+                log.info("email.skipped_after_refund", payment_id=_payment_id(deliveries[i]))
                 results[i] = "ok"
-        for email in emails:
-            if email.index not in failed and results[email.index] == "ok":
+        for email in delivered:
+            if results[email.index] == "ok":
                 metrics.emails_sent.labels(template=email.template).inc()
                 log.info("email.sent", payment_id=email.record[0], template=email.template)
-        return results
+        return [r if r is not None else RuntimeError("not handled") for r in results]
 
     return handle
 
 
-def _payment(delivery: Delivery) -> str:
-    try:
-        return OrderTransition.decode(delivery.body).payment_id
-    except Exception:  # rejected when decided; its place in the order doesn't matter
-        return ""
+def _payment_id(delivery: Delivery) -> str:
+    """The batch order: the payment whose emails the message is about."""
+    return OrderTransition.decode(delivery.body).payment_id
 
 
 async def _send_all(sender: Sender, emails: list[_Email]) -> dict[int, Exception]:

@@ -11,7 +11,7 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from services.ingest.accept import outgoing
 from services.orders.domain import InvalidEventError, OrderStatus, expected_final_status
 from services.orders.handler import make_handler as orders_handler
-from shared.batches import Delivery, Handler, each_alone, one_by_one
+from shared.batches import BatchHandler, Delivery, Handler, Result, one_by_one
 from shared.broker import Broker, to_message
 from shared.config import Settings
 from shared.db import create_pool
@@ -312,6 +312,16 @@ async def test_two_instances_of_each_worker_make_one_grant_and_one_email_per_pay
 
 
 # --- the worker runtime: retry ladder and DLQ ----------------------------------------------
+
+
+def each_alone(handle: Handler) -> BatchHandler:
+    """A batch handler calling `handle` for each delivery, concurrently."""
+
+    async def run(deliveries: Sequence[Delivery]) -> list[Result]:
+        results = await asyncio.gather(*(handle(d) for d in deliveries), return_exceptions=True)
+        return [r if isinstance(r, str | Exception) else RuntimeError(repr(r)) for r in results]
+
+    return run
 
 
 @asynccontextmanager
