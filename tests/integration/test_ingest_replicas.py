@@ -16,8 +16,10 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from services.ingest.app import create_app
+from shared import support
 from shared.broker import BROKER
 from shared.config import Settings
+from shared.queries import inbox as inbox_sql
 from shared.topology import Topology
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, eventually, payment_event
@@ -125,3 +127,22 @@ async def test_replicas_sweeping_together_publish_each_stranded_row_once(
     )
     messages = await drain(amqp, topology.work["orders"].name)
     assert sorted(m.message_id or "" for m in messages) == sorted(stranded)
+
+
+async def test_the_payment_view_tells_a_stored_event_from_a_published_one(db: Any) -> None:
+    """SPEC: the operator's view of a payment says whether each webhook is in the broker."""
+    event_id = f"evt_view_{uuid.uuid4().hex}"
+    body, _ = delivery(payment_event(), SECRET, event_id=event_id)
+    await _store_unpublished(db, event_id, body)
+    await db.execute("UPDATE inbox SET payment_id = 'pay_view' WHERE event_id = $1", event_id)
+
+    async def event() -> dict[str, Any]:
+        view = await support.payment_view(db, "pay_view", [])
+        assert view is not None
+        [only] = view["events"]
+        return {k: only[k] for k in ("published", "outcome")}
+
+    assert await event() == {"published": False, "outcome": "stored, not yet published"}
+    [row_id] = [r["id"] for r in await db.fetch("SELECT id FROM inbox")]
+    await inbox_sql.mark_published(db, [row_id])
+    assert await event() == {"published": True, "outcome": "queued"}

@@ -26,7 +26,7 @@ import pytest
 from services.bonuses.domain import EARNING, Transition, entries_for
 from services.bonuses.handler import make_handler as bonus_handler
 from services.email.handler import make_handler as email_handler
-from services.email.sender import SmtpSender
+from services.email.sender import SmtpSender, SmtpUnavailableError
 from services.email.templates import REFUNDED, SUCCEEDED
 from services.sim.summary import actual_effects, story_problems
 from shared import support
@@ -35,7 +35,7 @@ from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
 from shared.queries import orders as orders_sql
-from tests.conftest import SmtpSink
+from tests.conftest import SmtpSink, smtp_server
 from tests.helpers import payment_event
 from tests.integration.system import System, gather_posts, quiescent, register
 
@@ -301,3 +301,73 @@ async def test_paid_and_refund_webhooks_sent_together_tell_one_story_end_to_end(
         assert (got["status"], got["bonus"]) == ("REFUNDED", 0), got
         assert story_problems(got["transitions"], got["ledger"], got["emails"]) == [], got
         await assert_one_story(db, smtp[0], payment_id, got["transitions"])
+
+
+# --- the email worker's batches --------------------------------------------------------------
+
+
+class RefusingSink(SmtpSink):
+    """An SMTP server that refuses one recipient (550) and keeps what it accepts."""
+
+    def __init__(self, refused: str) -> None:
+        super().__init__()
+        self.refused = refused
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: Any
+    ) -> str:
+        if address == self.refused:
+            return "550 no such user"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+
+def templates_in_arrival_order(sink: SmtpSink, payment_id: str) -> list[str]:
+    return [
+        str(m["X-Payhooks-Template"])
+        for m in sink.messages
+        if str(m["To"]) == f"{payment_id}@customer.test"
+    ]
+
+
+async def test_one_email_batch_keeps_each_payments_order_and_takes_back_a_failed_send(
+    migrated_database: str, db: Any
+) -> None:
+    """One batch: payment A's paid then refunded (both sent, in that order), payment B's
+    refunded then paid (the success email skipped), payment C's paid to a recipient the SMTP
+    server refuses (failed alone, its claim taken back so that a retry sends it)."""
+    a, b, c = (f"pay_{name}_{uuid.uuid4().hex[:8]}" for name in "abc")
+    sink = RefusingSink(f"{c}@customer.test")
+    for payment_id in (a, b, c):
+        await register(db, payment_id)
+    for payment_id in (a, b):
+        await commit(db, payment_id, 0, "PENDING", "PAID")
+        await commit(db, payment_id, 1, "PAID", "REFUNDED")
+    await commit(db, c, 0, "PENDING", "PAID")
+    batch = [
+        message(a, 0, "PENDING", "PAID"),
+        message(b, 1, "PAID", "REFUNDED"),
+        message(c, 0, "PENDING", "PAID"),
+        message(a, 1, "PAID", "REFUNDED"),
+        message(b, 0, "PENDING", "PAID"),
+    ]
+    pool = await create_pool(migrated_database, max_size=2)
+    with smtp_server(sink) as port:
+        sender = SmtpSender("127.0.0.1", port, connections=2)
+        try:
+            handle = email_handler(pool, sender, EMAIL_FROM, EmailMetrics.create(new_registry()))
+            results = await handle(batch)
+        finally:
+            await sender.close()
+            await pool.close()
+
+    assert results[:2] == ["ok", "ok"]
+    assert results[3:] == ["ok", "ok"]
+    assert isinstance(results[2], SmtpUnavailableError)
+    assert templates_in_arrival_order(sink, a) == [SUCCEEDED, REFUNDED]
+    assert templates_in_arrival_order(sink, b) == [REFUNDED]
+    assert templates_in_arrival_order(sink, c) == []
+    rows = await db.fetch("SELECT payment_id, template, skipped FROM emails_sent")
+    assert sorted(tuple(r) for r in rows) == sorted(
+        [(a, SUCCEEDED, False), (a, REFUNDED, False), (b, REFUNDED, False), (b, SUCCEEDED, True)]
+    )
