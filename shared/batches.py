@@ -1,16 +1,12 @@
 """How a worker's handler takes a batch of deliveries.
 
-`in_one_transaction`: the batch's messages are applied in one transaction in a fixed order
-(the handler's `sort_key`, a payment id) so that two batches taking the same rows never
-deadlock. When a message fails, the transaction is rolled back and the batch applied again
-without it, a savepoint per message this time (two round trips per message, paid only by a
-batch that had a failure); each failed message is routed on its own (retry ladder, DLQ). A
-failure of the database itself (connection, deadlock, timeout) fails the whole batch:
-nothing was applied and every message is routed as failed.
-
-`apply_each`: every message under its own savepoint of a transaction the caller holds, for a
-handler with work of its own between the messages and the commit (the email worker sends
-its emails there).
+`apply_batch` (and `in_one_transaction`, the handler made of it): the batch's messages are
+applied in one transaction in a fixed order (the handler's `sort_key`, a payment id) so that
+two batches taking the same rows never deadlock. When a message fails, the transaction is
+rolled back and the batch applied again without it, a savepoint per message that time (two
+round trips per message, paid only by a batch that had a failure); each failed message is
+routed on its own (retry ladder, DLQ). A failure of the database itself (connection,
+deadlock, timeout) fails the whole batch: nothing was applied, every message is retried.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 
@@ -45,46 +40,23 @@ Handler = Callable[[Delivery], Awaitable[str]]
 
 @dataclass(slots=True)
 class Step:
-    """One message's part of a batch transaction: its place in the batch, the connection
-    (inside the message's savepoint) and what to do once the batch has committed (metrics,
-    logs, wake-ups)."""
+    """One message's part of a batch transaction: its place in the batch, the connection and
+    what to do once the batch has committed (metrics, logs, wake-ups)."""
 
     index: int
     conn: Executor
     then: list[Callable[[], None]] = field(default_factory=list)
+    # What the handler leaves for the batch's `before_commit` (the email to send).
+    value: Any = None
 
     def after_commit(self, action: Callable[[], None]) -> None:
         self.then.append(action)
 
 
 StepHandler = Callable[[Step, Delivery], Awaitable[str]]
-
-
-async def apply_each(
-    conn: PoolConnectionProxy[Any],
-    deliveries: Sequence[Delivery],
-    handle: StepHandler,
-    sort_key: Callable[[Delivery], str],
-    *,
-    skip: int | None = None,
-) -> tuple[list[Result | None], list[Step]]:
-    """Each delivery (but the one at `skip`) under its own savepoint of `conn`'s transaction,
-    in `sort_key` order: the outcome or exception of each (None if not applied) and the steps
-    that succeeded."""
-    results: list[Result | None] = [None] * len(deliveries)
-    succeeded: list[Step] = []
-    for i in _ordered(deliveries, sort_key):
-        if i == skip:
-            continue
-        step = Step(i, conn)
-        try:
-            async with conn.transaction():  # a savepoint
-                results[i] = await handle(step, deliveries[i])
-        except Exception as e:
-            results[i] = e
-        else:
-            succeeded.append(step)
-    return results, succeeded
+# Work of a handler's own between the batch's messages and its commit (the email worker's
+# sends): the steps it failed, by their index in the batch.
+BeforeCommit = Callable[[Executor, list[Step]], Awaitable[dict[int, Exception]]]
 
 
 class _WithoutIt(Exception):
@@ -95,54 +67,77 @@ class _WithoutIt(Exception):
         self.index, self.error = index, error
 
 
+async def apply_batch(
+    pool: asyncpg.Pool[Any],
+    deliveries: Sequence[Delivery],
+    handle: StepHandler,
+    sort_key: Callable[[Delivery], str],
+    before_commit: BeforeCommit | None = None,
+) -> tuple[list[Result | None], list[Step]]:
+    """Apply the batch in one transaction (see above) and commit: the outcome or exception of
+    each delivery and the steps committed. `before_commit` runs last in the transaction and
+    answers the steps it failed (they leave the committed ones). Raises what failed the
+    database (connection, commit, deadlock): then nothing was applied."""
+    try:
+        return await _attempt(pool, deliveries, handle, sort_key, before_commit, without=None)
+    except _WithoutIt as failed:  # rare: again, a savepoint per message this time
+        return await _attempt(pool, deliveries, handle, sort_key, before_commit, without=failed)
+
+
+async def _attempt(
+    pool: asyncpg.Pool[Any],
+    deliveries: Sequence[Delivery],
+    handle: StepHandler,
+    sort_key: Callable[[Delivery], str],
+    before_commit: BeforeCommit | None,
+    without: _WithoutIt | None,
+) -> tuple[list[Result | None], list[Step]]:
+    """All or nothing (`without` None: _WithoutIt at the first message that fails), or all
+    but the message `without` names, each under a savepoint (a failure is its result)."""
+    results: list[Result | None] = [None] * len(deliveries)
+    steps: list[Step] = []
+    async with pool.acquire() as conn, conn.transaction():
+        for i in sorted(range(len(deliveries)), key=lambda i: _key(sort_key, deliveries[i])):
+            step = Step(i, conn)
+            try:
+                if without is None:
+                    results[i] = await handle(step, deliveries[i])
+                elif i == without.index:
+                    results[i] = without.error
+                    continue
+                else:
+                    async with conn.transaction():  # a savepoint
+                        results[i] = await handle(step, deliveries[i])
+            except TRANSIENT_DB_ERRORS:
+                raise  # the database, not the message: the whole batch fails
+            except Exception as e:
+                if without is None:
+                    raise _WithoutIt(i, e) from e
+                results[i] = e
+                continue
+            steps.append(step)
+        if before_commit is not None:
+            failed = await before_commit(conn, steps)
+            for i, error in failed.items():
+                results[i] = error
+            steps = [step for step in steps if step.index not in failed]
+    return results, steps
+
+
 def in_one_transaction(
     pool: asyncpg.Pool[Any], handle: StepHandler, sort_key: Callable[[Delivery], str]
 ) -> BatchHandler:
     async def run(deliveries: Sequence[Delivery]) -> list[Result]:
-        results: list[Result | None] = [None] * len(deliveries)
         try:
-            try:
-                results, steps = await _all_or_nothing(pool, deliveries, handle, sort_key)
-            except _WithoutIt as failed:  # rare: again, a savepoint per message this time
-                async with pool.acquire() as conn, conn.transaction():
-                    results, steps = await apply_each(
-                        conn, deliveries, handle, sort_key, skip=failed.index
-                    )
-                    results[failed.index] = failed.error
-        except Exception as e:  # the commit or the connection failed: nothing was applied
-            return [e if r is None or isinstance(r, str) else r for r in results]
+            results, steps = await apply_batch(pool, deliveries, handle, sort_key)
+        except Exception as e:  # nothing was applied: every message is retried
+            return [e] * len(deliveries)
         for step in steps:
             for action in step.then:
                 action()
         return [r if r is not None else RuntimeError("not handled") for r in results]
 
     return run
-
-
-async def _all_or_nothing(
-    pool: asyncpg.Pool[Any],
-    deliveries: Sequence[Delivery],
-    handle: StepHandler,
-    sort_key: Callable[[Delivery], str],
-) -> tuple[list[Result | None], list[Step]]:
-    """Every delivery in one transaction; _WithoutIt as soon as one message fails (the
-    transaction rolled back), a database failure as itself."""
-    results: list[Result | None] = [None] * len(deliveries)
-    steps: list[Step] = []
-    async with pool.acquire() as conn, conn.transaction():
-        for i in _ordered(deliveries, sort_key):
-            steps.append(step := Step(i, conn))
-            try:
-                results[i] = await handle(step, deliveries[i])
-            except TRANSIENT_DB_ERRORS:
-                raise  # the database, not the message: the whole batch fails
-            except Exception as e:
-                raise _WithoutIt(i, e) from e
-    return results, steps
-
-
-def _ordered(deliveries: Sequence[Delivery], sort_key: Callable[[Delivery], str]) -> list[int]:
-    return sorted(range(len(deliveries)), key=lambda i: _key(sort_key, deliveries[i]))
 
 
 def one_by_one(handle: BatchHandler) -> Handler:
@@ -155,6 +150,11 @@ def one_by_one(handle: BatchHandler) -> Handler:
         return result
 
     return run
+
+
+def keys_of(deliveries: Sequence[Delivery], sort_key: Callable[[Delivery], str]) -> list[str]:
+    """The distinct keys (payment ids) of a batch, for reading its rows in one statement."""
+    return sorted({key for d in deliveries if (key := _key(sort_key, d))})
 
 
 def _key(sort_key: Callable[[Delivery], str], delivery: Delivery) -> str:

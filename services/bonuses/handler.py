@@ -9,13 +9,16 @@ applied in one transaction (shared/batches.py), each under its own savepoint.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import asyncpg
 import structlog
 
 from services.bonuses.domain import SIGN, EntryKind, Transition, entries_for
-from shared.batches import BatchHandler, Delivery, Step, in_one_transaction
+from shared.batches import BatchHandler, Delivery, Result, Step, in_one_transaction, keys_of
+from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics
@@ -29,10 +32,11 @@ WORKER = "bonuses"
 
 
 def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) -> BatchHandler:
-    async def handle(step: Step, delivery: Delivery) -> str:
+    async def handle(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
+        """`orders`: the batch's, read before its transaction (their user ids never change)."""
         payment_id = OrderTransition.decode(delivery.body).payment_id
         conn = step.conn
-        order = await orders_sql.order_for_payment(conn, payment_id)
+        order = orders.get(payment_id)
         if order is None:
             raise UnknownPaymentError(f"no order for payment {payment_id}")
         if not await processed_sql.mark_processed(conn, WORKER, delivery.message_id, "ok"):
@@ -76,7 +80,14 @@ def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) ->
         step.after_commit(committed)
         return "ok"
 
-    return in_one_transaction(pool, handle, sort_key=payment_id_of)
+    async def run(deliveries: Sequence[Delivery]) -> list[Result]:
+        try:
+            orders = await orders_sql.orders_for_payments(pool, keys_of(deliveries, payment_id_of))
+        except TRANSIENT_DB_ERRORS as e:
+            return [e if isinstance(e, Exception) else RuntimeError(repr(e))] * len(deliveries)
+        return await in_one_transaction(pool, partial(handle, orders), payment_id_of)(deliveries)
+
+    return run
 
 
 def payment_id_of(delivery: Delivery) -> str:

@@ -4,7 +4,7 @@ A payment's emails are decided and sent one at a time (a lock per payment), and 
 email whose payment already has its refund email is not sent but recorded as skipped: a
 customer never reads "payment received" after "payment refunded" (SPEC 5).
 
-A batch of messages is decided in one transaction (a savepoint each), its emails are sent
+A batch of messages is decided in one transaction (shared/batches.py), its emails are sent
 before the commit (a payment's in the order decided, payments concurrently), and the claims
 of the ones that failed to send are taken back before it. The commit follows the SMTP
 server's acceptance. If PostgreSQL goes away between the two (the commit
@@ -28,8 +28,8 @@ import structlog
 
 from services.email.sender import Sender
 from services.email.templates import REFUNDED, SUCCEEDED, TEMPLATE_FOR_EVENT, message_id, render
-from shared.batches import BatchHandler, Delivery, Result, Step, apply_each
-from shared.db import TRANSIENT_DB_ERRORS
+from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, keys_of
+from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
@@ -61,30 +61,32 @@ class _Email:
 def make_handler(
     pool: asyncpg.Pool[Any], sender: Sender, email_from: str, metrics: EmailMetrics
 ) -> BatchHandler:
-    """A batch's emails are decided in one transaction (a savepoint each, payments in id
-    order, each payment locked), then sent (a payment's emails one after the other in the
-    order decided, different payments concurrently), then committed together; the record of
-    an email whose send failed is taken back before the commit."""
+    """A batch's emails are decided in one transaction (payments in id order, each payment
+    locked), then sent (a payment's emails one after the other in the order decided,
+    different payments concurrently), then committed together; the record of an email whose
+    send failed is taken back before the commit."""
 
-    async def decide(step: Step, delivery: Delivery, decided: dict[int, _Email]) -> str:
+    async def decide(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
         """Claim the email (or record it skipped) under the payment's lock; an email to send
-        goes into `decided`, by the delivery's place in the batch."""
+        is left on the step. `orders`: the batch's, read before its transaction."""
         conn = step.conn
         transition = OrderTransition.decode(delivery.body)
         template = TEMPLATE_FOR_EVENT.get(transition.event)
         if template is None:
             return "ok"  # order.cancelled and friends send nothing
         payment_id = transition.payment_id
-        order = await orders_sql.order_for_payment(conn, payment_id)
+        order = orders.get(payment_id)
         if order is None:
             raise UnknownPaymentError(f"no order for payment {payment_id}")
         mid = message_id(template, payment_id, email_from)
         record = (payment_id, template, mid, order["email"], delivery.message_id)
         await emails_sql.lock_payment_emails(conn, payment_id)
-        skipped = template == SUCCEEDED and await emails_sql.is_recorded(conn, payment_id, REFUNDED)
-        if not await emails_sql.record_email(conn, *record, skipped=skipped):
+        to_send = await emails_sql.claim_email(
+            conn, *record, skip_if_recorded=REFUNDED if template == SUCCEEDED else None
+        )
+        if to_send is None:
             return "skipped_duplicate"
-        if skipped:
+        if not to_send:
             return _SKIPPED_AFTER_REFUND
         message = render(
             template,
@@ -95,30 +97,31 @@ def make_handler(
             recipient=order["email"],
             sender=email_from,
         )
-        decided[step.index] = _Email(step.index, template, record, message)
+        step.value = _Email(step.index, template, record, message)
         return "ok"
 
     async def handle(deliveries: Sequence[Delivery]) -> list[Result]:
-        results: list[Result | None] = [None] * len(deliveries)
-        decided: dict[int, _Email] = {}
-        emails: list[_Email] = []
-        failed: dict[int, Exception] = {}
         delivered: list[_Email] = []  # accepted by the SMTP server
-        try:
-            async with pool.acquire() as conn, conn.transaction():
-                results, claimed = await apply_each(
-                    conn, deliveries, partial(decide, decided=decided), _payment_id
+
+        async def send(conn: Executor, claimed: list[Step]) -> dict[int, Exception]:
+            emails = [step.value for step in claimed if step.value is not None]
+            failed = await _send_all(sender, emails)
+            delivered[:] = [m for m in emails if m.index not in failed]
+            if failed:
+                await emails_sql.forget_emails(
+                    conn, [m.record[:2] for m in emails if m.index in failed]
                 )
-                emails = [decided[step.index] for step in claimed if step.index in decided]
-                failed = await _send_all(sender, emails)
-                delivered = [m for m in emails if m.index not in failed]
-                if failed:
-                    await emails_sql.forget_emails(
-                        conn, [e.record[:2] for e in emails if e.index in failed]
-                    )
+            return failed
+
+        results: list[Result | None]
+        try:
+            orders = await orders_sql.orders_for_payments(pool, keys_of(deliveries, _payment_id))
+            results, _ = await apply_batch(
+                pool, deliveries, partial(decide, orders), _payment_id, before_commit=send
+            )
         except TRANSIENT_DB_ERRORS as caught:
             lost = caught if isinstance(caught, Exception) else RuntimeError(repr(caught))
-            results = [r if isinstance(r, Exception) else lost for r in results]
+            results = [lost] * len(deliveries)
             if delivered:
                 # The SMTP server has these emails; the failed commit took their records along.
                 log.warning(
@@ -131,8 +134,6 @@ def make_handler(
                     results[email.index] = again
                 else:
                     results[email.index] = "ok"
-        for index, error in failed.items():
-            results[index] = error
         for i, result in enumerate(results):
             if result == _SKIPPED_AFTER_REFUND:
                 metrics.emails_skipped.labels(template=SUCCEEDED).inc()

@@ -17,13 +17,36 @@ async def lock_payment_emails(conn: Executor, payment_id: str) -> None:
     )
 
 
-async def is_recorded(conn: Executor, payment_id: str, template: str) -> bool:
-    found = await conn.fetchval(
-        "SELECT true FROM emails_sent WHERE payment_id = $1 AND template = $2",
+async def claim_email(
+    conn: Executor,
+    payment_id: str,
+    template: str,
+    message_id: str,
+    recipient: str,
+    event_id: str,
+    *,
+    skip_if_recorded: str | None,
+) -> bool | None:
+    """record_email, deciding in the same statement whether the email is skipped: when the
+    payment already has a `skip_if_recorded` email (the success email after the refund one).
+    True: claimed, to be sent; False: recorded as skipped; None: already there (a copy).
+    Run under the payment's lock: the statement's snapshot then sees the lock holder's row."""
+    skipped = await conn.fetchval(
+        "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id,"
+        " skipped, sent_at)"
+        " SELECT $1, $2, $3, $4, $5, s.skipped, CASE WHEN s.skipped THEN NULL"
+        " ELSE clock_timestamp() END"
+        " FROM (SELECT EXISTS (SELECT 1 FROM emails_sent WHERE payment_id = $1"
+        "   AND template = $6) AS skipped) s"
+        " ON CONFLICT DO NOTHING RETURNING skipped",
         payment_id,
         template,
+        message_id,
+        recipient,
+        event_id,
+        skip_if_recorded,
     )
-    return found is True
+    return None if skipped is None else not skipped
 
 
 async def record_email(

@@ -155,6 +155,17 @@ async def order_for_payment(conn: Executor, payment_id: str) -> asyncpg.Record |
     )
 
 
+async def orders_for_payments(
+    conn: Executor, payment_ids: Sequence[str]
+) -> dict[str, asyncpg.Record]:
+    """payment id -> its order, for the ids that have one (a batch's orders in one read)."""
+    rows = await conn.fetch(
+        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE payment_id = ANY($1::text[])",
+        list(payment_ids),
+    )
+    return {r["payment_id"]: r for r in rows}
+
+
 async def order_by_id(conn: Executor, order_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order_id)
 
