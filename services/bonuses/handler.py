@@ -4,7 +4,7 @@ Whichever transition the message names, the handler replays every transition com
 far (services/bonuses/domain.py) and adds the entries still missing, each unique on its
 transition: messages reordered, repeated or handled by two workers at once add each entry
 once, and no lock is needed (the history only grows at its end). A batch of messages is
-applied in one transaction (shared/batches.py), each under its own savepoint.
+applied in one transaction (shared/batches.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """One provider event: lock the order, decide, write state + transitions + outbox, atomically.
 
-A batch of events is applied in one transaction (shared/batches.py), in payment id order, each
-event under its own savepoint."""
+A batch of events is applied in one transaction (shared/batches.py), in payment id order."""
 
 from __future__ import annotations
 
