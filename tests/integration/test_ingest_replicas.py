@@ -13,6 +13,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import asyncpg
 from aiohttp.test_utils import TestClient
 
 from services.ingest.app import create_app
@@ -146,3 +147,39 @@ async def test_the_payment_view_tells_a_stored_event_from_a_published_one(db: An
     [row_id] = [r["id"] for r in await db.fetch("SELECT id FROM inbox")]
     await inbox_sql.mark_published(db, [row_id])
     assert await event() == {"published": True, "outcome": "queued"}
+
+
+async def test_a_copy_that_waited_for_another_replicas_insert_is_not_taken_as_published(
+    migrated_database: str, db: Any
+) -> None:
+    """Two replicas store the same new event at once: the second INSERT waits for the first
+    transaction, whose row (and its unpublished row) commit after the second statement's
+    snapshot. The second must see it as not yet published (it publishes again), never as
+    confirmed: a 200 for an event that may not be in the broker yet (SPEC 3)."""
+    event_id = f"evt_race_{uuid.uuid4().hex}"
+    body, _ = delivery(payment_event(), SECRET, event_id=event_id)
+    entry = inbox_sql.InboxEntry(event_id, "payment.status_changed", None, body, {})
+    first = await asyncpg.connect(migrated_database)
+    second = await asyncpg.connect(migrated_database)
+    try:
+        async with first.transaction():
+            [stored] = await inbox_sql.store_batch(first, "xhub", [entry])
+            copy = asyncio.create_task(inbox_sql.store_batch(second, "xhub", [entry]))
+            await eventually(
+                lambda: db.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%INSERT INTO inbox%'"
+                ),
+                lambda waiting: waiting == 1,
+            )
+        [copied] = await copy
+    finally:
+        await first.close()
+        await second.close()
+
+    assert (stored.inserted, stored.published) == (True, False)
+    assert (copied.id, copied.inserted, copied.published) == (stored.id, False, False)
+    # Once stored and marked, a later copy is answered as published.
+    await inbox_sql.mark_published(db, [stored.id])
+    [later] = await inbox_sql.store_batch(db, "xhub", [entry])
+    assert (later.inserted, later.published) == (False, True)
