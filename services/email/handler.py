@@ -191,7 +191,9 @@ async def _record_after_send(
     while True:
         try:
             async with asyncio.timeout(_RECORD_ATTEMPT_S), pool.acquire() as conn:
-                await emails_sql.record_email(conn, payment_id, template, mid, recipient, event_id)
+                await emails_sql.claim_email(
+                    conn, payment_id, template, mid, recipient, event_id, skip_if_recorded=None
+                )
             return
         except TRANSIENT_DB_ERRORS:
             if loop.time() >= deadline:

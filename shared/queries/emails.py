@@ -27,10 +27,12 @@ async def claim_email(
     *,
     skip_if_recorded: str | None,
 ) -> bool | None:
-    """record_email, deciding in the same statement whether the email is skipped: when the
-    payment already has a `skip_if_recorded` email (the success email after the refund one).
-    True: claimed, to be sent; False: recorded as skipped; None: already there (a copy).
-    Run under the payment's lock: the statement's snapshot then sees the lock holder's row."""
+    """Claim the (payment, template) send, or record it as skipped when the payment already
+    has a `skip_if_recorded` email (the success email after the refund one). True: claimed,
+    to be sent; False: recorded as skipped; None: already sent, skipped, or being sent (a
+    concurrent claim of the same key waits on the unique index until this transaction ends).
+    Run under the payment's lock: the statement's snapshot then sees the lock holder's row,
+    and sent_at, the time of the claim, orders a payment's emails as they were sent."""
     skipped = await conn.fetchval(
         "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id,"
         " skipped, sent_at)"
@@ -47,35 +49,6 @@ async def claim_email(
         skip_if_recorded,
     )
     return None if skipped is None else not skipped
-
-
-async def record_email(
-    conn: Executor,
-    payment_id: str,
-    template: str,
-    message_id: str,
-    recipient: str,
-    event_id: str,
-    *,
-    skipped: bool = False,
-) -> bool:
-    """Claim the (payment, template) send, or record it as skipped; False if it was already
-    sent, skipped, or is being sent (a concurrent claim of the same key waits on the unique
-    index until this transaction ends). sent_at is the time of the claim, under the payment's
-    lock, so it orders a payment's emails as they were sent."""
-    row = await conn.fetchval(
-        "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id,"
-        " skipped, sent_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 THEN NULL ELSE clock_timestamp() END)"
-        " ON CONFLICT DO NOTHING RETURNING true",
-        payment_id,
-        template,
-        message_id,
-        recipient,
-        event_id,
-        skipped,
-    )
-    return row is True
 
 
 async def forget_emails(conn: Executor, keys: Sequence[tuple[str, ...]]) -> None:
