@@ -22,7 +22,8 @@ import aiohttp
 import orjson
 import uvloop
 
-from services.ingest.signatures import sign
+from shared.xhub.events import status_changed
+from shared.xhub.signatures import signed_headers
 
 Delivery = tuple[dict[str, str], bytes]
 
@@ -41,15 +42,12 @@ def _payload(rng: random.Random, serial: int, body_size: int) -> bytes:
     created_at = f"2026-11-30T10:{serial // 60 % 60:02d}:{serial % 60:02d}Z"
     payload: dict[str, Any]
     if rng.random() < 0.8:
-        payload = {
-            "event": "payment.status_changed",
-            "payment_id": payment_id,
-            "external_id": f"ord_{serial:010d}",
-            "status": rng.choice(("paid", "paid", "paid", "failed", "pending")),
-            "amount": f"{rng.randint(100, 999_999) / 100:.2f}",
-            "currency": "USD",
-            "created_at": created_at,
-        }
+        status = rng.choice(("paid", "paid", "paid", "failed", "pending"))
+        amount = f"{rng.randint(100, 999_999) / 100:.2f}"
+        external_id = f"ord_{serial:010d}"
+        payload = status_changed(
+            payment_id, status, amount, "USD", created_at, external_id=external_id
+        )
     else:
         payload = {
             "event": "refund.succeeded",
@@ -87,7 +85,7 @@ def make_plan(
     if kinds and kinds[0]:  # the first delivery cannot be a resend: swap with a new one
         first_new = kinds.index(False)
         kinds[0], kinds[first_new] = False, True
-    timestamp = str(int(time.time()))
+    now_s = time.time()
     events: list[tuple[str, bytes]] = []
     deliveries: list[Delivery] = []
     for is_dup in kinds:
@@ -98,12 +96,7 @@ def make_plan(
             serial = len(events)
             event_id, body = f"{id_prefix}{serial:08d}", _payload(rng, serial, body_size)
             events.append((event_id, body))
-        headers = {
-            "X-Webhook-Id": event_id,
-            "X-Webhook-Timestamp": timestamp,
-            "X-Webhook-Signature": sign(secret, timestamp, body),
-            "Content-Type": "application/json",
-        }
+        headers = signed_headers(secret, event_id, body, now_s)
         deliveries.append((headers, body))
     return Plan(deliveries, len(events))
 

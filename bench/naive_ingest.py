@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, cast
 
 import asyncpg
 import orjson
 from aiohttp import web
 
-from services.ingest.accept import PROVIDER, Acceptor, Outcome, outgoing
-from services.ingest.app import REQUIRED_ENV
+from services.ingest.accept import Acceptor, Outcome, outgoing
+from services.ingest.app import SERVICE
 from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
 from services.ingest.webhook import Webhook
 from shared import service
@@ -27,10 +28,10 @@ from shared.broker import BROKER, Broker, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, TRANSIENT_DB_ERRORS, pool_ctx
 from shared.errors import UnavailableError
-from shared.logs import configure_logging
 from shared.metrics import IngestMetrics
 from shared.topology import build_topology
 from shared.web import base_app
+from shared.xhub import PROVIDER, WEBHOOK_PATH
 
 TIMEOUT_S = 4.0
 _DB_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError)
@@ -87,14 +88,12 @@ def create_app(settings: Settings) -> web.Application:
         yield
 
     app.cleanup_ctx.append(acceptor_ctx)
-    app.router.add_post("/webhooks/xhub", receive_webhook)
+    app.router.add_post(WEBHOOK_PATH, receive_webhook)
     return app
 
 
 def main() -> None:
-    settings = Settings.from_env(required=REQUIRED_ENV)
-    configure_logging(settings.log_level)
-    service.run(create_app(settings), settings.ingest_port)
+    service.serve(replace(SERVICE, create_app=create_app))
 
 
 if __name__ == "__main__":

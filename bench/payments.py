@@ -13,8 +13,8 @@ import asyncpg
 import orjson
 
 from bench.load import Delivery
-from services.ingest.signatures import sign
-from services.ingest.webhook import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.xhub.events import status_changed
+from shared.xhub.signatures import signed_headers
 
 TEMPLATE = "payment_succeeded"
 
@@ -43,28 +43,15 @@ def make_payments(run_id: str, kind: str, n: int) -> list[Payment]:
 
 def make_deliveries(payments: list[Payment], secret: bytes) -> list[Delivery]:
     """One signed `payment.status_changed` paid webhook per payment, its order's money."""
-    timestamp = str(int(time.time()))
+    now_s = time.time()
     created_at = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
     deliveries: list[Delivery] = []
     for p in payments:
-        body = orjson.dumps(
-            {
-                "event": "payment.status_changed",
-                "payment_id": p.payment_id,
-                "external_id": p.order_id,
-                "status": "paid",
-                "amount": p.amount,
-                "currency": "USD",
-                "created_at": created_at,
-            }
+        payload = status_changed(
+            p.payment_id, "paid", p.amount, "USD", created_at, external_id=p.order_id
         )
-        headers = {
-            ID_HEADER: p.event_id,
-            TIMESTAMP_HEADER: timestamp,
-            SIGNATURE_HEADER: sign(secret, timestamp, body),
-            "Content-Type": "application/json",
-        }
-        deliveries.append((headers, body))
+        body = orjson.dumps(payload)
+        deliveries.append((signed_headers(secret, p.event_id, body, now_s), body))
     return deliveries
 
 

@@ -1,10 +1,16 @@
-"""Terminal output for the CLI: aligned tables for people, progress on a terminal only."""
+"""What terminal commands share: exit codes, aligned tables, progress on a terminal only."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
+
+EXIT_OK = 0
+EXIT_NOTHING = 1  # nothing matched
+EXIT_USAGE = 2  # usage or configuration
+EXIT_UNREACHABLE = 3  # PostgreSQL or RabbitMQ unreachable, or the DLQ busy
+EXIT_CONFLICT = 4  # a conflicting order
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO = sys.stdout) -> None:

@@ -33,18 +33,18 @@ from pamqp.commands import Basic
 
 from shared.broker import persistent_copy
 from shared.dlq_lock import reading
-from shared.topology import Topology
-from shared.worker import (
+from shared.topology import WORK_QUEUES, Topology, queue_of_dlq
+from shared.vocabulary import (
     ATTEMPTS,
     FIRST_FAILED_AT,
     LAST_ERROR,
     LAST_FAILED_AT,
     ORIGINAL_QUEUE,
     REASON,
+    REQUEUED,
 )
 
-REQUEUED = "requeued"
-QUEUES = ("orders", "bonuses", "emails")
+QUEUES = WORK_QUEUES
 
 _PUBLISH_TIMEOUT_S = 10.0
 
@@ -136,7 +136,7 @@ def describe(message: AbstractIncomingMessage, dlq: str) -> DeadLetter:
         last_failed_at=last_failed,
         original_queue=_text(headers.get(ORIGINAL_QUEUE))
         or _text(death.get("queue"))
-        or dlq.removesuffix(".dlq"),
+        or queue_of_dlq(dlq),
         requeued=_int_or_none(headers.get(REQUEUED)) or 0,
         body=message.body,
     )

@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 import aiormq
 from aio_pika.abc import AbstractChannel
 
+from shared.topology import lock_of
+
 # How long a reader waits for another to finish with a DLQ (a requeue of thousands of
 # messages takes seconds), and the pause between two tries.
 LOCK_WAIT_S = 30.0
@@ -26,10 +28,6 @@ _DROP_TIMEOUT_S = 5.0
 
 class DlqBusyError(Exception):
     """Another reader (an operator command, an api replica) kept the DLQ past the wait."""
-
-
-def lock_name(dlq: str) -> str:
-    return f"{dlq}.lock"
 
 
 # RabbitMQ lets a connection declare its own exclusive queue again, so readers that share a
@@ -69,7 +67,7 @@ async def _held(
     connection: aiormq.abc.AbstractConnection, dlq: str, wait_s: float
 ) -> AsyncIterator[None]:
     turn = _turns.setdefault(connection, {}).setdefault(dlq, asyncio.Lock())
-    name = lock_name(dlq)
+    name = lock_of(dlq)
     try:
         async with asyncio.timeout(wait_s):
             await turn.acquire()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.xhub import PROVIDER
+
 # Latency buckets in seconds: the accept path lives in milliseconds, the hard budget is 10 s.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -72,7 +74,9 @@ class IngestMetrics:
 
     def __post_init__(self) -> None:
         for outcome in WEBHOOK_OUTCOMES:
-            self.received[outcome] = self.webhooks_received.labels(provider="xhub", outcome=outcome)
+            self.received[outcome] = self.webhooks_received.labels(
+                provider=PROVIDER, outcome=outcome
+            )
 
     def signed_with(self, secret_index: int) -> Counter:
         counter = self._signed_with.get(secret_index)
@@ -95,7 +99,7 @@ class IngestMetrics:
                 registry,
                 "outcome",
                 WEBHOOK_OUTCOMES,
-                provider="xhub",
+                provider=PROVIDER,
             ),
             ingest_duration=Histogram(
                 "payhooks_ingest_duration_seconds",

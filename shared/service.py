@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import gc
 import ssl
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import uvloop
 from aiohttp import web
 
+from shared.config import ConfigError, Settings
+from shared.console import EXIT_USAGE
 from shared.http_limits import HTTP_LIMITS
+from shared.logs import configure_logging
 
 # In-flight requests get this long to finish after SIGTERM before connections are closed.
 SHUTDOWN_TIMEOUT_S = 15.0
@@ -35,3 +41,25 @@ def run(app: web.Application, port: int, *, ssl_context: ssl.SSLContext | None =
         backlog=1024,
         **app[HTTP_LIMITS].server_options(),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """What running one service takes: its app, its port, the variables it cannot do without."""
+
+    name: str
+    create_app: Callable[[Settings], web.Application]
+    port: Callable[[Settings], int]
+    required_env: tuple[str, ...] = ()
+    tls: Callable[[Settings], ssl.SSLContext | None] = lambda settings: None
+
+
+def serve(service: Service) -> None:
+    """Settings from the environment (a clear message and exit 2 when wrong), then run."""
+    try:
+        settings = Settings.from_env(required=service.required_env)
+    except ConfigError as e:
+        sys.stderr.write(f"payhooks: {e}\n")
+        raise SystemExit(EXIT_USAGE) from None
+    configure_logging(settings.log_level)
+    run(service.create_app(settings), service.port(settings), ssl_context=service.tls(settings))

@@ -24,6 +24,8 @@ import aiormq
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractQueue, ExchangeType
 
+from shared.vocabulary import DLQ_SUFFIX, LOCK_SUFFIX
+
 log = structlog.get_logger(__name__)
 
 # A message redelivered this many times (the process died holding it, again and again) is
@@ -92,6 +94,19 @@ class Topology:
         return self.work[base_name]
 
 
+def dlq_of(queue: str) -> str:
+    return queue + DLQ_SUFFIX
+
+
+def queue_of_dlq(dlq: str) -> str:
+    return dlq.removesuffix(DLQ_SUFFIX)
+
+
+def lock_of(dlq: str) -> str:
+    """The exclusive queue a DLQ's reader holds (shared/dlq_lock.py)."""
+    return dlq + LOCK_SUFFIX
+
+
 def retry_queue_name(queue: str, delay_s: float) -> str:
     # The delay is part of the name: a queue's TTL can't change once declared, so a new
     # RETRY_DELAYS gets new queues instead of a PRECONDITION_FAILED at startup.
@@ -105,7 +120,7 @@ def build_topology(prefix: str, retry_delays_s: tuple[float, ...]) -> Topology:
     work: dict[str, WorkQueue] = {}
     for base in WORK_QUEUES:
         name = f"{prefix}{base}"
-        dlq = f"{name}.dlq"
+        dlq = dlq_of(name)
         retries = tuple(retry_queue_name(name, d) for d in retry_delays_s)
         queues.append(
             QueueSpec(

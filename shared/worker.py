@@ -44,18 +44,17 @@ from shared.errors import PermanentError, TransientError
 from shared.metrics import WorkerMetrics
 from shared.tasks import cancel_and_wait
 from shared.topology import WorkQueue
+from shared.vocabulary import (
+    ATTEMPTS,
+    FIRST_FAILED_AT,
+    LAST_ERROR,
+    LAST_FAILED_AT,
+    ORIGINAL_QUEUE,
+    REASON,
+)
 from shared.web import READINESS_CHECKS
 
 log = structlog.get_logger(__name__)
-
-# Headers we own on a message on its way through retries and into a DLQ (no `x-` prefix:
-# that space belongs to RabbitMQ).
-ATTEMPTS = "attempts"
-FIRST_FAILED_AT = "first_failed_at"
-LAST_FAILED_AT = "last_failed_at"
-LAST_ERROR = "error"
-REASON = "reason"
-ORIGINAL_QUEUE = "original_queue"
 
 _PUBLISH_TIMEOUT_S = 5.0
 _START_TIMEOUT_S = 10.0

@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 import aio_pika
 import orjson
 
-from services.ingest.signatures import sign
+from shared.xhub.events import status_changed
+from shared.xhub.signatures import signed_headers as xhub_headers
 
 T = TypeVar("T")
 
@@ -20,16 +21,9 @@ def payment_event(
     payment_id: str | None = None, status: str = "paid", amount: str = "100.00", **extra: Any
 ) -> dict[str, Any]:
     payment_id = payment_id or f"pay_{uuid.uuid4().hex[:12]}"
-    return {
-        "event": "payment.status_changed",
-        "payment_id": payment_id,
-        "external_id": f"ord_{payment_id}",
-        "status": status,
-        "amount": amount,
-        "currency": "USD",
-        "created_at": "2026-11-30T10:00:00Z",
-        **extra,
-    }
+    created_at = extra.pop("created_at", "2026-11-30T10:00:00Z")
+    fields = {"external_id": f"ord_{payment_id}", **extra}
+    return status_changed(payment_id, status, amount, "USD", created_at, **fields)
 
 
 def signed_headers(
@@ -39,13 +33,8 @@ def signed_headers(
     event_id: str | None = None,
     timestamp: int | None = None,
 ) -> dict[str, str]:
-    ts = str(int(time.time()) if timestamp is None else timestamp)
-    return {
-        "X-Webhook-Id": event_id or f"evt_{uuid.uuid4().hex}",
-        "X-Webhook-Timestamp": ts,
-        "X-Webhook-Signature": sign(secret.encode(), ts, body),
-        "Content-Type": "application/json",
-    }
+    now_s = time.time() if timestamp is None else timestamp
+    return xhub_headers(secret.encode(), event_id or f"evt_{uuid.uuid4().hex}", body, now_s)
 
 
 def delivery(

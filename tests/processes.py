@@ -46,7 +46,7 @@ def payhooks_command() -> list[str]:
     script = Path(sys.executable).with_name("payhooks")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from shared.cli import main; main()"]
+    return [sys.executable, "-m", "services.cli"]
 
 
 def with_application_name(database_url: str, name: str) -> str:

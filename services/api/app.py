@@ -10,16 +10,14 @@ from aiohttp.typedefs import Middleware
 
 from services.api import dlq_routes, errors, handlers, monitor
 from services.api.dlq_access import DlqAccess
-from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import QueueMetrics, new_registry
+from shared.service import Service
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
-
-REQUIRED_ENV = ("ADMIN_TOKEN",)
 
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -81,5 +79,4 @@ def create_app(
     return app
 
 
-def main(settings: Settings) -> None:
-    service.run(create_app(settings), settings.api_port)
+SERVICE = Service("api", create_app, lambda s: s.api_port, ("ADMIN_TOKEN",))

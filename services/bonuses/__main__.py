@@ -1,3 +1,4 @@
-from shared.cli import main
+from services.bonuses.app import SERVICE
+from shared.service import serve
 
-main(["run", "bonuses"])
+serve(SERVICE)

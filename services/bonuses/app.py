@@ -5,16 +5,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from services.bonuses.handler import WORKER, make_handler
-from shared import service
 from shared.broker import broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import BonusMetrics, WorkerMetrics
+from shared.service import Service
 from shared.topology import build_topology
 from shared.web import base_app
 from shared.worker import BATCH_SIZE, BATCHERS, POOL_SIZE, worker_ctx
-
-REQUIRED_ENV: tuple[str, ...] = ()
 
 
 def create_app(
@@ -39,5 +37,4 @@ def create_app(
     return app
 
 
-def main(settings: Settings) -> None:
-    service.run(create_app(settings), settings.bonuses_port)
+SERVICE = Service("bonuses", create_app, lambda s: s.bonuses_port)

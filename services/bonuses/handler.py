@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from services.bonuses.domain import SIGN, EntryKind, Transition, entries_for
 from shared.batches import BatchHandler, Delivery, Result, Step, in_one_transaction, keys_of
+from shared.bonus_rules import SIGN, EntryKind, Transition, entries_for
 from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition

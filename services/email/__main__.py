@@ -1,3 +1,4 @@
-from shared.cli import main
+from services.email.app import SERVICE
+from shared.service import serve
 
-main(["run", "email"])
+serve(SERVICE)

@@ -8,16 +8,14 @@ from aiohttp import web
 
 from services.email.handler import WORKER, make_handler
 from services.email.sender import SmtpSender
-from shared import service
 from shared.broker import broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import EmailMetrics, WorkerMetrics
+from shared.service import Service
 from shared.topology import build_topology
 from shared.web import base_app
 from shared.worker import POOL_SIZE, worker_ctx
-
-REQUIRED_ENV: tuple[str, ...] = ()
 
 SENDER = web.AppKey("smtp_sender", SmtpSender)
 
@@ -57,5 +55,4 @@ def create_app(
     return app
 
 
-def main(settings: Settings) -> None:
-    service.run(create_app(settings), settings.email_port)
+SERVICE = Service("email", create_app, lambda s: s.email_port)

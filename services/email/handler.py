@@ -27,7 +27,7 @@ import asyncpg
 import structlog
 
 from services.email.sender import Sender
-from services.email.templates import REFUNDED, SUCCEEDED, TEMPLATE_FOR_EVENT, message_id, render
+from services.email.templates import TEMPLATE_FOR_EVENT, message_id, render
 from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, keys_of
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
@@ -35,6 +35,7 @@ from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
 from shared.queries import emails as emails_sql
 from shared.queries import orders as orders_sql
+from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +83,7 @@ def make_handler(
         record = (payment_id, template, mid, order["email"], delivery.message_id)
         await emails_sql.lock_payment_emails(conn, payment_id)
         to_send = await emails_sql.claim_email(
-            conn, *record, skip_if_recorded=REFUNDED if template == SUCCEEDED else None
+            conn, *record, skip_if_recorded=REFUNDED_EMAIL if template == SUCCEEDED_EMAIL else None
         )
         if to_send is None:
             return "skipped_duplicate"
@@ -136,7 +137,7 @@ def make_handler(
                     results[email.index] = "ok"
         for i, result in enumerate(results):
             if result == _SKIPPED_AFTER_REFUND:
-                metrics.emails_skipped.labels(template=SUCCEEDED).inc()
+                metrics.emails_skipped.labels(template=SUCCEEDED_EMAIL).inc()
                 log.info("email.skipped_after_refund", payment_id=_payment_id(deliveries[i]))
                 results[i] = "ok"
         for email in delivered:

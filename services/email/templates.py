@@ -11,16 +11,15 @@ from email.mime.text import MIMEText
 from email.utils import parseaddr
 from string import Template
 
-TEMPLATE_HEADER = "X-Payhooks-Template"
+from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
 
-SUCCEEDED = "payment_succeeded"
-REFUNDED = "payment_refunded"
+TEMPLATE_HEADER = "X-Payhooks-Template"
 
 # Which transition sends which email (at most one of each per payment id).
 TEMPLATE_FOR_EVENT = {
-    "order.paid": SUCCEEDED,
-    "order.settled": SUCCEEDED,
-    "order.refunded": REFUNDED,
+    "order.paid": SUCCEEDED_EMAIL,
+    "order.settled": SUCCEEDED_EMAIL,
+    "order.refunded": REFUNDED_EMAIL,
 }
 
 

@@ -32,10 +32,10 @@ from shared.metrics import IngestMetrics
 from shared.queries import inbox as inbox_sql
 from shared.tasks import cancel_and_wait
 from shared.topology import routing_key
+from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)
 
-PROVIDER = "xhub"
 # Confirms gathered into one statement that marks them published.
 MARK_WINDOW_S = 0.02
 # How long this process remembers a confirm: longer than an INSERT may take (db_timeout_s),

@@ -10,16 +10,15 @@ from aiohttp import web
 from services.ingest.accept import Acceptor, AcceptorConfig
 from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
 from services.ingest.sweeper import SWEEP_AFTER_S, Sweeper
-from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import IngestMetrics
+from shared.service import Service
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
-
-REQUIRED_ENV = ("XHUB_WEBHOOK_SECRETS",)
+from shared.xhub import WEBHOOK_PATH
 
 
 def create_app(
@@ -58,13 +57,16 @@ def create_app(
             await acceptor.close()
 
     app.cleanup_ctx.append(acceptor_ctx)
-    app.router.add_post("/webhooks/xhub", receive_webhook)
+    app.router.add_post(WEBHOOK_PATH, receive_webhook)
     return app
 
 
-def main(settings: Settings) -> None:
-    ssl_context = None
-    if settings.ingest_tls_cert and settings.ingest_tls_key:
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(settings.ingest_tls_cert, settings.ingest_tls_key)
-    service.run(create_app(settings), settings.ingest_port, ssl_context=ssl_context)
+def _tls(settings: Settings) -> ssl.SSLContext | None:
+    if not (settings.ingest_tls_cert and settings.ingest_tls_key):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.ingest_tls_cert, settings.ingest_tls_key)
+    return context
+
+
+SERVICE = Service("ingest", create_app, lambda s: s.ingest_port, ("XHUB_WEBHOOK_SECRETS",), _tls)

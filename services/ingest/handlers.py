@@ -11,9 +11,8 @@ import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from services.ingest.accept import PROVIDER, Acceptor, UnstorableWebhookError
+from services.ingest.accept import Acceptor, UnstorableWebhookError
 from services.ingest.webhook import (
-    ID_HEADER,
     MalformedWebhookError,
     RejectedWebhookError,
     Signed,
@@ -28,6 +27,7 @@ from shared.errors import UnavailableError
 from shared.http_limits import SlowBodyError, read_body
 from shared.metrics import IngestMetrics
 from shared.topology import is_routed
+from shared.xhub import ID_HEADER, PROVIDER
 
 log = structlog.get_logger("services.ingest")
 

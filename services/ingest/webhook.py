@@ -9,11 +9,8 @@ from typing import Any
 
 import orjson
 
-from services.ingest.signatures import matching_secret
-
-ID_HEADER = "X-Webhook-Id"
-TIMESTAMP_HEADER = "X-Webhook-Timestamp"
-SIGNATURE_HEADER = "X-Webhook-Signature"
+from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.xhub.signatures import matching_secret
 
 _MAX_ID_LENGTH = 255
 _INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only (str.isdigit() takes other scripts)

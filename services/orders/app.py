@@ -7,18 +7,16 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from services.orders.handler import WORKER, make_handler
-from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import OrderMetrics, WorkerMetrics
 from shared.outbox import OutboxRelay
+from shared.service import Service
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
 from shared.worker import BATCH_SIZE, BATCHERS, POOL_SIZE, worker_ctx
-
-REQUIRED_ENV: tuple[str, ...] = ()
 
 RELAY = web.AppKey("outbox_relay", OutboxRelay)
 
@@ -53,5 +51,4 @@ def create_app(
     return app
 
 
-def main(settings: Settings) -> None:
-    service.run(create_app(settings), settings.orders_port)
+SERVICE = Service("orders", create_app, lambda s: s.orders_port)

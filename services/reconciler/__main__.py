@@ -1,3 +1,4 @@
-from shared.cli import main
+from services.reconciler.app import SERVICE
+from shared.service import serve
 
-main(["run", "reconciler"])
+serve(SERVICE)

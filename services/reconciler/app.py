@@ -14,20 +14,18 @@ import structlog
 from aiohttp import web
 
 from services.reconciler.jobs import BATCH, housekeeping_once, reconcile_once
-from shared import service
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import CONNECT_TIMEOUT_S, DB_POOL, pool_ctx, probe
 from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
-from shared.provider import ProviderClient
 from shared.queries.orders import UNDECIDED_CHANNEL
+from shared.service import Service
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
+from shared.xhub.client import ProviderClient
 
 log = structlog.get_logger(__name__)
-
-REQUIRED_ENV = ("XHUB_API_URL", "XHUB_API_KEY")
 
 _RELISTEN_S = 5.0
 _PROBE_S = 30.0
@@ -111,5 +109,6 @@ def create_app(settings: Settings) -> web.Application:
     return app
 
 
-def main(settings: Settings) -> None:
-    service.run(create_app(settings), settings.reconciler_port)
+SERVICE = Service(
+    "reconciler", create_app, lambda s: s.reconciler_port, ("XHUB_API_URL", "XHUB_API_KEY")
+)

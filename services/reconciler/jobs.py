@@ -20,18 +20,20 @@ import asyncpg
 import orjson
 import structlog
 
-from services.orders.domain import OrderState, ProviderEvent, agrees, decide
 from shared.broker import Broker, Outgoing
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ReconcilerMetrics
-from shared.provider import (
+from shared.order_machine import OrderState, agrees, decide
+from shared.queries import orders as orders_sql
+from shared.queries import retention as retention_sql
+from shared.xhub import PROVIDER, STATUS_CHANGED
+from shared.xhub.client import (
     PaymentNotFoundError,
     ProviderAuthError,
     ProviderClient,
     ProviderPayment,
 )
-from shared.queries import orders as orders_sql
-from shared.queries import retention as retention_sql
+from shared.xhub.events import ProviderEvent, status_changed
 
 log = structlog.get_logger(__name__)
 
@@ -61,17 +63,16 @@ def synthetic_event(payment: ProviderPayment, checked_at: datetime) -> tuple[str
     asked = checked_at.astimezone(UTC).isoformat()
     event_id = f"reconcile:{payment.payment_id}:{payment.status.lower()}:{at}:{asked}"
     body = orjson.dumps(
-        {
-            "event": "payment.status_changed",
-            "payment_id": payment.payment_id,
-            "status": payment.status.lower(),
+        status_changed(
+            payment.payment_id,
+            payment.status.lower(),
             # Exactly the provider's amount: rounding could turn 99.995 into a matching 100.00.
-            "amount": format(payment.amount, "f"),
-            "currency": payment.currency,
-            "created_at": at,
-            "checked_at": asked,
-            "source": "reconciliation",
-        }
+            format(payment.amount, "f"),
+            payment.currency,
+            at,
+            checked_at=asked,
+            source="reconciliation",
+        )
     )
     return event_id, body
 
@@ -117,7 +118,7 @@ async def reconcile_once(
         state = OrderState.from_row(row)
         try:
             event = ProviderEvent(
-                event_type="payment.status_changed",
+                event_type=STATUS_CHANGED,
                 status=payment.status.lower(),  # as parse_event reads a webhook's
                 payment_id=payment_id,
                 amount=payment.amount,
@@ -151,11 +152,11 @@ async def reconcile_once(
         [error] = await broker.publish_many(
             [
                 Outgoing(
-                    "payment.status_changed",
+                    STATUS_CHANGED,
                     body,
                     event_id,
-                    "payment.status_changed",
-                    {"provider": "xhub", "source": "reconciliation"},
+                    STATUS_CHANGED,
+                    {"provider": PROVIDER, "source": "reconciliation"},
                 )
             ],
             _PUBLISH_TIMEOUT_S,

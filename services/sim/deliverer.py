@@ -19,7 +19,6 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
-from services.ingest.signatures import sign
 from services.sim.delivery_rules import (
     HOLD_RETRY_S,
     Action,
@@ -31,9 +30,10 @@ from services.sim.delivery_rules import (
     is_money_event,
     next_action,
 )
+from shared.xhub import WEBHOOK_PATH
+from shared.xhub.signatures import signed_headers
 
 TIMEOUT_S: Final = 10.0
-WEBHOOK_PATH: Final = "/webhooks/xhub"
 
 
 class Result(StrEnum):
@@ -192,13 +192,7 @@ class Deliverer:
         """One signed POST; its HTTP status, or None for a network error or timeout."""
         if self._session is None:
             raise RuntimeError("use the Deliverer as an async context manager")
-        timestamp = str(int(self._wall_clock()))
-        headers = {
-            "X-Webhook-Id": event_id,
-            "X-Webhook-Timestamp": timestamp,
-            "X-Webhook-Signature": sign(self.secret, timestamp, body),
-            "Content-Type": "application/json",
-        }
+        headers = signed_headers(self.secret, event_id, body, self._wall_clock())
         async with self._semaphore:
             try:
                 async with self._session.post(self.url, data=body, headers=headers) as response:

@@ -1,7 +1,8 @@
 """X-Hub's delivery contract (seed 000, "Доставка уведомлений") as pure rules.
 
 No I/O and no clock: every "now" is a float of seconds on a monotonic-style scale passed in by
-the caller, so a simulator (or a test) can compress hours into nothing.
+the caller, so a simulator (or a test) can compress hours into nothing. The R-tags name the
+decisions where the seed is silent (README, "The X-Hub simulator").
 """
 
 from __future__ import annotations
@@ -10,26 +11,6 @@ from collections import deque
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
-
-# Decisions where the seed is silent (each is also noted where it is applied):
-# R1  classify: only 2xx is a success; 3xx is treated like 4xx (CLIENT_ERROR); a status outside
-#     100-599, or 1xx as a final answer, is a broken response and retried like a network error.
-# R2  Both ladders count from the response that triggered them ("delay after the previous").
-# R3  The fast budget is cumulative over the whole delivery: 5xx answers to slow-ladder retries
-#     spend it too (and 4xx answers never do: "budgets are separate").
-# R4  Once the slow ladder has started, no attempt of either kind starts later than 48 h after
-#     its first step; the 30-day age ceiling always applies. A retry that would fall past a
-#     ceiling fails at once rather than waiting to fail. `<=` the ceiling is still allowed.
-# R5  Breaker: 4xx answers are invisible to it ("4xx предохранитель не открывают"): they are
-#     neither deliveries nor failures in the window, and a probe answered 4xx decides nothing,
-#     so the next allow() grants another probe.
-# R6  Breaker window: an outcome recorded at t counts while now - t < 5 min.
-# R7  Outcomes recorded while OPEN (in-flight deliveries finishing late) are ignored; in
-#     HALF_OPEN the first non-4xx outcome recorded is taken as the probe's.
-# R8  Breaker pauses don't touch DeliveryState: the deliverer simply doesn't attempt (and so
-#     doesn't call next_action) while allow() says no; it asks again after HOLD_RETRY_S.
-# R9  The opening condition is over the window as it stands after each recorded outcome, so
-#     the order of outcomes inside the window does not matter (4 failures + 1 success opens).
 
 MINUTE: Final = 60.0
 HOUR: Final = 60 * MINUTE

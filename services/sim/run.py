@@ -21,15 +21,14 @@ from services.sim import scenario
 from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import TIMEOUT_S, Deliverer
 from services.sim.summary import Summary, actual_effects, mismatches, summarize
-from shared import dlq, operator
+from shared import dlq
 from shared.config import ConfigError, Settings
-from shared.console import table
+from shared.connections import UnreachableError, broker
+from shared.console import EXIT_OK, EXIT_USAGE, table
 from shared.db import create_pool
 from shared.queries import orders as orders_sql
 
-EXIT_OK = 0
 EXIT_FAILED = 1  # some delivery ended FAILED
-EXIT_USAGE = 2
 _CHECK_POLL_S = 0.5
 
 
@@ -166,12 +165,12 @@ async def _check(
         f" final states {states}; bonus points {points}; emails {emails.total()}"
     )
     try:
-        async with operator.broker(settings) as (channel, topology):
+        async with broker(settings) as (channel, topology):
             dead = {work.dlq: await dlq.depth(channel, work.dlq) for work in topology.work.values()}
         dead_letters = ", ".join(
             f"{queue.removeprefix(settings.amqp_prefix)} {count}" for queue, count in dead.items()
         )
-    except operator.UnreachableError as e:
+    except UnreachableError as e:
         dead_letters = str(e)
     _out("")
     table(

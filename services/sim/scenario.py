@@ -28,6 +28,7 @@ from services.sim.api import PaymentBook
 from services.sim.deliverer import Deliverer, DeliveryRecord, Result, Webhook
 from shared.db import Executor
 from shared.queries import orders as orders_sql
+from shared.xhub.events import status_changed
 
 FLOWS: Final[Mapping[str, tuple[str, ...]]] = {
     "paid": ("paid",),
@@ -35,7 +36,6 @@ FLOWS: Final[Mapping[str, tuple[str, ...]]] = {
     "refunded": ("paid", "refunded"),
     "expired": ("expired",),
 }
-EVENT: Final = "payment.status_changed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,15 +111,14 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
             Webhook(
                 event_id=f"evt_{payment_id}_{i}_{status}",
                 merchant_id=merchant_id,
-                payload={
-                    "event": EVENT,
-                    "payment_id": payment_id,
-                    "external_id": f"ord_{payment_id}",
-                    "status": status,
-                    "amount": f"{config.amount:.2f}",
-                    "currency": config.currency,
-                    "created_at": (start + timedelta(seconds=i + 1)).isoformat(),
-                },
+                payload=status_changed(
+                    payment_id,
+                    status,
+                    f"{config.amount:.2f}",
+                    config.currency,
+                    (start + timedelta(seconds=i + 1)).isoformat(),
+                    external_id=f"ord_{payment_id}",
+                ),
             )
             for i, status in enumerate(statuses)
         )

@@ -18,15 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from services.bonuses.domain import Transition, entries_for
-from services.email.templates import REFUNDED, SUCCEEDED
-from services.orders.domain import OrderStatus, expected_final_status
 from services.sim.deliverer import DeliveryRecord
 from services.sim.scenario import SimPayment
+from shared.bonus_rules import Transition, entries_for
 from shared.db import Executor
 from shared.queries import emails as emails_sql
 from shared.queries import ledger as ledger_sql
 from shared.queries import orders as orders_sql
+from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL, OrderStatus
 
 BONUS_POINTS: Final = 500
 _EARNING: Final = frozenset({OrderStatus.PAID, OrderStatus.SETTLED})
@@ -146,12 +145,12 @@ def story_problems(
         found.append(
             f"ledger {list(ledger)} but the transitions {list(transitions)} call for {called_for}"
         )
-    if SUCCEEDED in emails and "grant" not in ledger:
+    if SUCCEEDED_EMAIL in emails and "grant" not in ledger:
         found.append(f"success email without a grant (ledger {list(ledger)})")
     if (
-        SUCCEEDED in emails
-        and REFUNDED in emails
-        and emails.index(SUCCEEDED) > emails.index(REFUNDED)
+        SUCCEEDED_EMAIL in emails
+        and REFUNDED_EMAIL in emails
+        and emails.index(SUCCEEDED_EMAIL) > emails.index(REFUNDED_EMAIL)
     ):
         found.append("success email after the refund email")
     return found
@@ -206,3 +205,29 @@ async def actual_effects(db: Executor, payment_ids: Sequence[str]) -> dict[str, 
         }
         for payment_id, status in statuses.items()
     }
+
+
+def expected_final_status(event_statuses: Iterable[str]) -> OrderStatus:
+    """Final status of a PENDING order after payment.status_changed events with these statuses
+    (amounts matching), delivered in any order and any number of times.
+
+    Written from the rules, not from decide, so tests can hold one against the other. Raises
+    ValueError for the one order-dependent set: a cancel-like status with amount_mismatch and
+    no money status (whichever comes first wins, D1).
+    """
+    seen = set(event_statuses)
+    for status, final in (
+        ("refunded", OrderStatus.REFUNDED),
+        ("settled", OrderStatus.SETTLED),
+        ("paid", OrderStatus.PAID),
+    ):
+        if status in seen:
+            return final
+    cancelled = bool(seen & {"expired", "cancelled", "failed"})
+    if cancelled and "amount_mismatch" in seen:
+        raise ValueError("cancelled vs amount_mismatch depends on delivery order")
+    if cancelled:
+        return OrderStatus.CANCELLED
+    if "amount_mismatch" in seen:
+        return OrderStatus.AMOUNT_MISMATCH
+    return OrderStatus.PENDING

@@ -27,8 +27,8 @@ from shared.broker import BROKER
 from shared.config import Settings
 from shared.queries import orders as orders_sql
 from shared.topology import Topology
+from shared.vocabulary import ATTEMPTS, FIRST_FAILED_AT, LAST_ERROR, LAST_FAILED_AT, ORIGINAL_QUEUE
 from shared.web import REGISTRY
-from shared.worker import ATTEMPTS, FIRST_FAILED_AT, LAST_ERROR, LAST_FAILED_AT, ORIGINAL_QUEUE
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import delivery, eventually
 

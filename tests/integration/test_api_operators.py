@@ -18,8 +18,8 @@ from shared import dlq_lock
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology, WorkQueue
+from shared.vocabulary import ORIGINAL_QUEUE
 from shared.web import REGISTRY
-from shared.worker import ORIGINAL_QUEUE
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

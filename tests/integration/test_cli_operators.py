@@ -25,10 +25,11 @@ import orjson
 import pytest
 from aio_pika.abc import AbstractChannel, DeliveryMode
 
-from shared import cli, dlq_lock
+from services.cli import main as cli
+from shared import dlq_lock
 from shared.config import Settings
 from shared.topology import Topology, WorkQueue
-from shared.worker import ORIGINAL_QUEUE, REASON
+from shared.vocabulary import ORIGINAL_QUEUE, REASON
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

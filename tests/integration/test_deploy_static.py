@@ -27,7 +27,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shared.cli import SERVICES, _parser
+from services.cli.main import _parser
+from services.cli.registry import SERVICES
 from shared.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +85,7 @@ def known_env() -> frozenset[str]:
             and isinstance(node.args[0], ast.Constant)
         ):
             names.add(node.args[0].value)
-    return frozenset(names)
+    return frozenset(names)  # type: ignore[arg-type]
 
 
 def test_known_env_matches_the_settings() -> None:
@@ -104,8 +105,7 @@ def parses_as_cli(argv: list[str]) -> bool:
 def settings_from(env: dict[str, str], service: str | None = None) -> Settings:
     required: tuple[str, ...] = ()
     if service is not None:
-        module = __import__(f"services.{service}.app", fromlist=["REQUIRED_ENV"])
-        required = tuple(module.REQUIRED_ENV)
+        required = SERVICES[service].required_env
     return Settings.from_env(env, required=required)
 
 

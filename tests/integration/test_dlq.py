@@ -20,13 +20,14 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, DeliveryMode
 
 from shared import dlq
 from shared.topology import DELIVERY_LIMIT, Topology, WorkQueue
-from shared.worker import (
+from shared.vocabulary import (
     ATTEMPTS,
     FIRST_FAILED_AT,
     LAST_ERROR,
     LAST_FAILED_AT,
     ORIGINAL_QUEUE,
     REASON,
+    REQUEUED,
 )
 from tests.conftest import TEST_AMQP_URL
 from tests.helpers import drain, eventually, payment_event
@@ -84,7 +85,7 @@ async def put_dead_letters(
             ORIGINAL_QUEUE: letter.original_queue or work.name,
         }
         if letter.requeued:
-            headers[dlq.REQUEUED] = letter.requeued
+            headers[REQUEUED] = letter.requeued
         message = aio_pika.Message(
             letter.body,
             headers=headers,
@@ -113,7 +114,8 @@ async def kill_by_delivery_limit(channel: AbstractChannel, work: WorkQueue, lett
             dying = await connection.channel()
             queue = await dying.get_queue(work.name, ensure=False)
             held = await eventually(
-                lambda q=queue: q.get(no_ack=False, fail=False), lambda m: m is not None
+                lambda q=queue: q.get(no_ack=False, fail=False),  # type: ignore[misc]
+                lambda m: m is not None,
             )
             assert held is not None
             await dying.close()  # unacknowledged: back to the queue, one delivery more
@@ -350,7 +352,7 @@ async def test_requeue_moves_exactly_the_selected_messages_to_their_original_que
         headers = message.headers or {}
         assert message.body == letter.body
         assert message.type == letter.event
-        assert headers[dlq.REQUEUED] == 1
+        assert headers[REQUEUED] == 1
         assert ATTEMPTS not in headers  # a fresh retry ladder
         assert REASON not in headers
         assert "x-death" not in headers  # no stale death record
@@ -440,7 +442,7 @@ async def test_requeue_counts_every_requeue_in_a_header(
     [message] = await eventually(
         lambda: contents(channel, orders.name), lambda messages: len(messages) == 1
     )
-    assert (message.headers or {})[dlq.REQUEUED] == 2
+    assert (message.headers or {})[REQUEUED] == 2
 
 
 # --- requeue safety: a failure between publish and ack ------------------------------------

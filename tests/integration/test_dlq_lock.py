@@ -17,7 +17,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from shared import dlq, dlq_lock
-from shared.topology import Topology, WorkQueue
+from shared.topology import Topology, WorkQueue, lock_of
 from tests.conftest import CONNECT_TIMEOUT_S, TEST_AMQP_URL
 from tests.helpers import eventually
 from tests.integration.system import depths
@@ -51,7 +51,7 @@ async def connect() -> AsyncIterator[Callable[[], Awaitable[AbstractConnection]]
 async def lock_exists(connection: AbstractConnection, queue: str) -> bool:
     probe = await connection.channel()  # a failed passive declare closes its channel
     try:
-        await probe.declare_queue(dlq_lock.lock_name(queue), passive=True)
+        await probe.declare_queue(lock_of(queue), passive=True)
     except aio_pika.exceptions.ChannelNotFoundEntity:
         return False
     except aiormq.exceptions.ChannelLockedResource:

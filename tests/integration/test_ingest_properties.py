@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.ingest.app import create_app
-from services.ingest.signatures import sign
-from services.ingest.webhook import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 from shared.broker import BROKER
 from shared.config import Settings
+from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.xhub.signatures import sign
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, payment_event
 

@@ -9,6 +9,7 @@ histogram with negative buckets, so the exact value is checked in the log line.)
 from __future__ import annotations
 
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -55,7 +56,7 @@ def _matched(samples: dict[Any, float], index: int) -> float:
 
 async def _post(
     client: TestClient, secret: str, skew_s: int
-) -> tuple[int, list[dict[str, Any]], str]:
+) -> tuple[int, list[MutableMapping[str, Any]], str]:
     """A delivery whose timestamp is `skew_s` seconds behind our clock (ahead if negative)."""
     body, headers = delivery(payment_event(), secret, timestamp=int(time.time()) - skew_s)
     with capture_logs() as logs:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import aiohttp
@@ -121,7 +121,7 @@ async def _stored(db: Any, event_id: str) -> int:
     return count
 
 
-def _received(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _received(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
     return [entry for entry in logs if entry["event"] == "webhook.received"]
 
 

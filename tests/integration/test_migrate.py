@@ -201,7 +201,9 @@ async def test_a_service_is_not_ready_until_its_schema_is_migrated(
         behind = await client.get("/readyz")  # as if one migration behind the code
         assert behind.status == 503
         await conn.execute(
-            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", newest, row["name"]
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            newest,
+            row["name"],  # type: ignore[index]
         )
     finally:
         await conn.close()

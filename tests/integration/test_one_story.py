@@ -23,18 +23,18 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.bonuses.domain import EARNING, Transition, entries_for
 from services.bonuses.handler import make_handler as bonus_handler
 from services.email.handler import make_handler as email_handler
 from services.email.sender import SmtpSender, SmtpUnavailableError
-from services.email.templates import REFUNDED, SUCCEEDED
 from services.sim.summary import actual_effects, story_problems
 from shared import support
 from shared.batches import Delivery, Handler, one_by_one
+from shared.bonus_rules import Transition, entries_for
 from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
 from shared.queries import orders as orders_sql
+from shared.vocabulary import EARNING, REFUNDED_EMAIL, SUCCEEDED_EMAIL
 from tests.conftest import SmtpSink, smtp_server
 from tests.helpers import payment_event
 from tests.integration.system import System, gather_posts, quiescent, register
@@ -102,6 +102,7 @@ def schedules(n: int, rng: random.Random, count: int) -> list[list[Step]]:
     commit, in any order; now and then a message is handled again later."""
     found = []
     for _ in range(count):
+        todo: list[Step]
         committed, todo, steps = 0, [], []
         while committed < n or todo:
             if committed < n and (not todo or rng.random() < 0.4):
@@ -163,11 +164,11 @@ async def assert_one_story(
         if str(m["Message-ID"]).endswith(f".{payment_id}@example.test>")
     ]
     assert max(Counter(smtp).values(), default=0) <= 1, smtp  # one SMTP message per key
-    assert (REFUNDED in smtp) == ("REFUNDED" in statuses)
-    if SUCCEEDED in smtp:
+    assert (REFUNDED_EMAIL in smtp) == ("REFUNDED" in statuses)
+    if SUCCEEDED_EMAIL in smtp:
         assert "grant" in due.values()
-        if REFUNDED in smtp:
-            assert smtp.index(SUCCEEDED) < smtp.index(REFUNDED), smtp
+        if REFUNDED_EMAIL in smtp:
+            assert smtp.index(SUCCEEDED_EMAIL) < smtp.index(REFUNDED_EMAIL), smtp
     records = {
         r["template"]: r
         for r in await db.fetch(
@@ -175,11 +176,13 @@ async def assert_one_story(
         )
     }
     earned = any(s in EARNING for s in statuses)
-    assert (SUCCEEDED in records) == earned  # sent, or recorded as skipped
+    assert (SUCCEEDED_EMAIL in records) == earned  # sent, or recorded as skipped
     if earned:
-        assert records[SUCCEEDED]["skipped"] == (SUCCEEDED not in smtp)
-        assert (records[SUCCEEDED]["sent_at"] is None) == records[SUCCEEDED]["skipped"]
-    assert set(records) - {SUCCEEDED} == ({REFUNDED} if REFUNDED in smtp else set())
+        assert records[SUCCEEDED_EMAIL]["skipped"] == (SUCCEEDED_EMAIL not in smtp)
+        assert (records[SUCCEEDED_EMAIL]["sent_at"] is None) == records[SUCCEEDED_EMAIL]["skipped"]
+    assert set(records) - {SUCCEEDED_EMAIL} == (
+        {REFUNDED_EMAIL} if REFUNDED_EMAIL in smtp else set()
+    )
 
 
 @pytest.mark.parametrize("name", sorted(HISTORIES))
@@ -226,9 +229,9 @@ async def test_refund_reversal_refund_nets_zero_with_a_ledger_row_per_transition
     view = await support.payment_view(db, payment_id, [])
     assert view is not None
     emails = {e["template"]: e for e in view["emails"]}
-    assert (emails[SUCCEEDED]["skipped"], emails[SUCCEEDED]["sent_at"]) == (True, None)
-    assert emails[REFUNDED]["skipped"] is False
-    assert emails[REFUNDED]["sent_at"] is not None
+    assert (emails[SUCCEEDED_EMAIL]["skipped"], emails[SUCCEEDED_EMAIL]["sent_at"]) == (True, None)
+    assert emails[REFUNDED_EMAIL]["skipped"] is False
+    assert emails[REFUNDED_EMAIL]["sent_at"] is not None
     transitions = {t["id"]: t["to"] for t in view["transitions"]}
     assert [(b["kind"], transitions[b["transition_id"]]) for b in view["bonus"]] == [
         ("grant", "PAID"),
@@ -364,10 +367,15 @@ async def test_one_email_batch_keeps_each_payments_order_and_takes_back_a_failed
     assert results[:2] == ["ok", "ok"]
     assert results[3:] == ["ok", "ok"]
     assert isinstance(results[2], SmtpUnavailableError)
-    assert templates_in_arrival_order(sink, a) == [SUCCEEDED, REFUNDED]
-    assert templates_in_arrival_order(sink, b) == [REFUNDED]
+    assert templates_in_arrival_order(sink, a) == [SUCCEEDED_EMAIL, REFUNDED_EMAIL]
+    assert templates_in_arrival_order(sink, b) == [REFUNDED_EMAIL]
     assert templates_in_arrival_order(sink, c) == []
     rows = await db.fetch("SELECT payment_id, template, skipped FROM emails_sent")
     assert sorted(tuple(r) for r in rows) == sorted(
-        [(a, SUCCEEDED, False), (a, REFUNDED, False), (b, REFUNDED, False), (b, SUCCEEDED, True)]
+        [
+            (a, SUCCEEDED_EMAIL, False),
+            (a, REFUNDED_EMAIL, False),
+            (b, REFUNDED_EMAIL, False),
+            (b, SUCCEEDED_EMAIL, True),
+        ]
     )

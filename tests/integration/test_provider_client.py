@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
 from shared.metrics import PROVIDER_OUTCOMES, ProviderMetrics
-from shared.provider import (
+from shared.xhub.client import (
     PaymentNotFoundError,
     ProviderAuthError,
     ProviderClient,

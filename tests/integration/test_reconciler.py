@@ -19,10 +19,10 @@ from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
-from shared.provider import ProviderClient, ProviderPolicy
 from shared.queries import orders as orders_sql
 from shared.topology import Topology
 from shared.web import REGISTRY
+from shared.xhub.client import ProviderClient, ProviderPolicy
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

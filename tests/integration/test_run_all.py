@@ -68,7 +68,9 @@ async def test_run_all_starts_every_service_restarts_a_dead_one_and_stops_them_a
             services = [p for name, p in ports.items() if name != "SMTP_PORT"]
             for port in services:
                 await eventually(
-                    lambda port=port: ready(session, port), lambda s: s == 200, timeout_s=30
+                    lambda port=port: ready(session, port),  # type: ignore[misc]
+                    lambda s: s == 200,
+                    timeout_s=30,
                 )
             assert len(children_of(process.pid)) == 6  # five services and the SMTP sink
 

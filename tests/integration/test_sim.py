@@ -13,7 +13,6 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from services.ingest.signatures import verify
 from services.reconciler.jobs import BATCH, reconcile_once
 from services.sim import run as sim_run
 from services.sim import scenario
@@ -23,11 +22,13 @@ from services.sim.delivery_rules import FailReason
 from services.sim.summary import actual_effects, mismatches, summarize
 from shared.broker import Broker
 from shared.config import Settings
+from shared.console import EXIT_OK
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
-from shared.provider import ProviderClient, ProviderPolicy
 from shared.queries import orders as orders_sql
 from shared.topology import Topology
+from shared.xhub.client import ProviderClient, ProviderPolicy
+from shared.xhub.signatures import verify
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import eventually
 from tests.integration.system import depths, dlqs, smtp_counts, start_system, system_settings
@@ -97,7 +98,7 @@ async def test_simulated_traffic_ends_in_the_expected_state(
         assert await scenario.register_orders(pool, plan.payments) == CONFIG.payments
 
         ingest = system.ingest.server
-        async with TcpProxy(ingest.host, ingest.port) as proxy:
+        async with TcpProxy(ingest.host, ingest.port) as proxy:  # type: ignore[arg-type]
             # Every delivery goes through the proxy, which can take ingest off the network.
             ingest_url = f"http://{proxy.address}"
             breaker = asyncio.create_task(_outage(proxy, 0.2)) if outage else None
@@ -201,7 +202,7 @@ async def test_sim_command_checks_every_payment_and_prints_the_outcome_table(
         check_timeout=20.0,
         json=False,
     )
-    assert await sim_run.command(settings, args) == sim_run.EXIT_OK
+    assert await sim_run.command(settings, args) == EXIT_OK
     out = capsys.readouterr().out
     assert "check: 12/12 payments as expected" in out
     table = dict(

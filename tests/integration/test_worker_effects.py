@@ -24,8 +24,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from services.ingest.accept import outgoing
-from services.orders.domain import InvalidEventError, OrderStatus, expected_final_status
 from services.orders.handler import make_handler as orders_handler
+from services.sim.summary import expected_final_status
 from shared.batches import BatchHandler, Delivery, Handler, Result, one_by_one
 from shared.broker import Broker, to_message
 from shared.config import Settings
@@ -33,7 +33,9 @@ from shared.db import create_pool
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
 from shared.outbox import OutboxRelay
 from shared.topology import Topology, declare
+from shared.vocabulary import OrderStatus
 from shared.worker import Worker
+from shared.xhub.events import InvalidEventError
 from tests.conftest import SmtpSink
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import (
@@ -579,7 +581,7 @@ async def test_relay_marks_every_confirmed_row_even_after_one_that_fails(
     unpublished = await db.fetch("SELECT message_id FROM outbox WHERE published_at IS NULL")
     assert [r["message_id"] for r in unpublished] == ["evt_poison:order.paid"]
     delivered = await drain(amqp, topology.work["bonuses"].name)
-    assert sorted(m.message_id for m in delivered if m.message_id != "evt_poison:order.paid") == [
+    assert sorted(m.message_id for m in delivered if m.message_id != "evt_poison:order.paid") == [  # type: ignore[type-var]
         f"evt_{i}:order.paid" for i in range(5)
     ]  # each once: a second pass did not send them again
 

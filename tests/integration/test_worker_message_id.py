@@ -67,13 +67,13 @@ async def publish_without_message_id(channel: AbstractChannel, queue: str, body:
     raw = await underlay.connection.channel(publisher_confirms=False)
     try:
         properties = Basic.Properties(content_type="application/json", delivery_mode=2)
-        frames = [
+        frames: list[Basic.Publish | ContentHeader | ContentBody] = [
             Basic.Publish(exchange="", routing_key=queue),
             ContentHeader(properties=properties, body_size=len(body)),
             ContentBody(body),
         ]
         written = asyncio.get_running_loop().create_future()
-        await raw.write_queue.put(
+        await raw.write_queue.put(  # type: ignore[attr-defined]
             ChannelFrame.marshall(channel_number=raw.number, frames=frames, drain_future=written)
         )
         await written

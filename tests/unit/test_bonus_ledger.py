@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.bonuses.domain import EARNING, SIGN, EntryKind, Transition, entries_for
-from services.orders.domain import TRANSITIONS, OrderStatus
+from shared.bonus_rules import SIGN, EntryKind, Transition, entries_for
+from shared.order_machine import TRANSITIONS
+from shared.vocabulary import EARNING, OrderStatus
 
 G, C, R = EntryKind.GRANT, EntryKind.CLAWBACK, EntryKind.RESTORE
 

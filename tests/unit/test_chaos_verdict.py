@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.orders.domain import OrderStatus
 from services.sim.summary import Expectation
+from shared.vocabulary import OrderStatus
 from tests.chaos.verdict import Observed, counts, judge, problems
 
 

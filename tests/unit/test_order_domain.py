@@ -12,23 +12,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.orders.domain import (
+from services.sim.summary import expected_final_status
+from shared.errors import PermanentError
+from shared.order_machine import (
     STATUS_TARGETS,
     TRANSITIONS,
     UNDECIDED,
     Decision,
     DomainEvent,
-    InvalidEventError,
     OrderState,
-    OrderStatus,
-    ProviderEvent,
     Reason,
     agrees,
     decide,
-    expected_final_status,
-    parse_event,
 )
-from shared.errors import PermanentError
+from shared.vocabulary import OrderStatus
+from shared.xhub.events import InvalidEventError, ProviderEvent, parse_event
 
 PEN = OrderStatus.PENDING
 PAI = OrderStatus.PAID

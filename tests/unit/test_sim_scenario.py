@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.orders.domain import OrderStatus
 from services.sim import scenario
 from services.sim.deliverer import DeliveryRecord, Result
 from services.sim.summary import expect, mismatches, summarize
+from shared.vocabulary import OrderStatus
 
 CONFIG = scenario.ScenarioConfig(
     payments=200, duplicate_rate=0.3, reorder_rate=0.5, lost_rate=0.1, seed=7
@@ -39,7 +39,7 @@ def test_sends_keep_each_payments_order_unless_reordered_and_skip_lost_ones() ->
 
 def test_expectations() -> None:
     plan = scenario.generate(CONFIG)
-    by_flow = {}
+    by_flow = {}  # type: ignore[var-annotated]
     for p in plan.payments:
         by_flow.setdefault((p.flow, p.lost), expect(p))
     paid, settled = by_flow[("paid", False)], by_flow[("settled", False)]

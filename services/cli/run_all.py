@@ -1,10 +1,5 @@
-"""`payhooks run all`: every service as its own process on one machine.
-
-Migrates first, then starts ingest, orders, bonuses, email and api (and a development SMTP
-sink when nothing listens on SMTP_HOST:SMTP_PORT locally), prefixes each line of their output
-with a coloured service name, restarts a service that exits with a growing backoff, and on
-Ctrl-C / SIGTERM stops them all (SIGTERM, then SIGKILL after a grace period).
-"""
+"""`payhooks run all`: every configured service as its own process on one machine, output
+prefixed by service, restarted with a growing backoff, all stopped together on Ctrl-C/SIGTERM."""
 
 from __future__ import annotations
 
@@ -18,7 +13,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-SERVICES = ("ingest", "orders", "bonuses", "email", "api")
+from services.cli.registry import SERVICES
+
 _COLOURS = ("36", "33", "35", "32", "34", "31")
 _BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # A run this long counts as healthy again: the next crash starts the backoff from the top.
@@ -32,14 +28,20 @@ class Program:
     argv: tuple[str, ...]
 
 
+def left_out(env: Mapping[str, str]) -> dict[str, list[str]]:
+    """Services that would only fail on their configuration, with the variables they lack
+    (the reconciler without the provider's API, in local development)."""
+    missing = {
+        name: [v for v in service.required_env if not env.get(v, "").strip()]
+        for name, service in SERVICES.items()
+    }
+    return {name: lacking for name, lacking in missing.items() if lacking}
+
+
 def programs(env: Mapping[str, str]) -> list[Program]:
-    payhooks = (sys.executable, "-c", "from shared.cli import main; main()")
-    names = list(SERVICES)
-    # The reconciler needs the provider's API; without one configured (local development)
-    # it is left out rather than restarted for ever on its configuration error.
-    if env.get("XHUB_API_URL") and env.get("XHUB_API_KEY"):
-        names.append("reconciler")
-    found = [Program(name, (*payhooks, "run", name)) for name in names]
+    payhooks = (sys.executable, "-m", "services.cli")
+    skipped = left_out(env)
+    found = [Program(name, (*payhooks, "run", name)) for name in SERVICES if name not in skipped]
     if _wants_dev_smtp(env):
         port = env.get("SMTP_PORT", "1025")
         found.append(
@@ -144,6 +146,8 @@ async def run_all(env: Mapping[str, str], announce: Sequence[str] = ()) -> int:
         print(f"payhooks: generated for this run (dev only): {line}", flush=True)
     found = programs(env)
     print("payhooks: starting " + ", ".join(p.name for p in found), flush=True)
+    for name, lacking in left_out(env).items():
+        print(f"payhooks: not starting {name}: {', '.join(lacking)} not set", flush=True)
     await asyncio.gather(
         *(_keep_running(p, _COLOURS[i % len(_COLOURS)], env, stopping) for i, p in enumerate(found))
     )

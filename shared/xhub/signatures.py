@@ -6,6 +6,8 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
+from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:
     return hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
@@ -31,3 +33,14 @@ def matching_secret(
 def verify(secrets: Iterable[bytes], timestamp: str, body: bytes, signature: str) -> bool:
     """True when `signature` matches under any configured secret (rotation)."""
     return matching_secret(secrets, timestamp, body, signature) is not None
+
+
+def signed_headers(secret: bytes, event_id: str, body: bytes, now_s: float) -> dict[str, str]:
+    """The headers X-Hub sends with `body` (the simulator's, the tests')."""
+    timestamp = str(int(now_s))
+    return {
+        ID_HEADER: event_id,
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(secret, timestamp, body),
+        "Content-Type": "application/json",
+    }

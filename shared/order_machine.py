@@ -1,66 +1,26 @@
-"""The order state machine: provider events in, a decision (new state + domain events) out.
+"""The order state machine: a provider event and an order's state in, a decision out. No I/O.
 
-Pure: no I/O. `handler.py` loads the order, calls `parse_event` and `decide`, saves, publishes.
+The D-tags name the decisions where the SPEC is silent (README, "Decisions").
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Final, Protocol
 
-from shared.errors import PermanentError
-
-# Decisions where SPEC section 5 is silent (each is also noted where it is applied):
-# D1  A paid/settled whose amount or currency differs is still a money event: it moves PENDING
-#     and CANCELLED to AMOUNT_MISMATCH. The provider's own (non-money) amount_mismatch status,
-#     like expired/cancelled/failed, only ever moves PENDING.
-# D2  A mismatched paid/settled on PAID, SETTLED or REFUNDED changes nothing; its reason
-#     (amount_mismatch_ignored) lets the handler flag it for an operator.
-# D3  Amounts compare numerically ("100.0" == "100.00"); currencies compare case-insensitively.
-# D4  refunded_amount never exceeds the order amount nor drops below zero: a refund.completed
-#     after a payment.status_changed "refunded" is usually the same refund seen twice.
-# D5  A refund.completed on an already REFUNDED order records the refund id (so its reversal
-#     can be matched) without any status change.
-# D6  refund.reversed leaves REFUNDED (for PAID) only if both times are known and it happened
-#     strictly after the refund; otherwise the order stays REFUNDED (the safer state) and the
-#     event is UNDECIDED: the reconciler asks the provider at once (D11).
-# D7  Every refund.reversed records its refund id as reversed. A reversal that overtook its
-#     refund (refund never counted, order not REFUNDED) changes nothing else (reason
-#     refund_not_counted), and the refund.completed that arrives after it is not counted
-#     (reason refund_already_reversed): the provider reversed that refund, whatever the order
-#     of delivery. A reversed refund id never counts again; a new refund has a new id.
-# D8  A currency mismatch on refund.completed or refund.reversed changes nothing.
-# D9  parse_event: every event needs a payment_id (the orders worker finds orders by it);
-#     money fields are required where decide needs them; amounts must be plain non-negative
-#     decimal strings (no JSON floats, exponents or NaN); a created_at without an offset is
-#     read as UTC; status is compared lower-case.
-# D10 refund.failed and refund.rejected change no state; their reasons (refund_failed,
-#     refund_rejected) are counted and shown in the payment view: the merchant must know.
-# D11 UNDECIDED reasons are the events the model cannot apply safely: the order keeps its
-#     (safer) state and the reconciler asks the provider about it at once. The provider's
-#     answer (a `checked` event: `GET /payments/:id` seen at `checked_at`) goes through decide
-#     like a webhook, with one power a webhook lacks: "paid"/"settled" takes a REFUNDED order
-#     back to PAID/SETTLED, the provider's word that the refund was reversed, but only if the
-#     provider's payment changed after the refund (updated_at > refunded_at) and the order did
-#     not change since the provider was asked (changed_at < checked_at). Otherwise it stays.
-
-
-class InvalidEventError(PermanentError):
-    """A webhook body the orders worker can never apply, however often it is retried."""
-
-
-class OrderStatus(StrEnum):
-    PENDING = "PENDING"
-    PAID = "PAID"
-    SETTLED = "SETTLED"
-    REFUNDED = "REFUNDED"
-    CANCELLED = "CANCELLED"
-    AMOUNT_MISMATCH = "AMOUNT_MISMATCH"
+from shared.vocabulary import OrderStatus
+from shared.xhub import (
+    REFUND_COMPLETED,
+    REFUND_FAILED,
+    REFUND_REJECTED,
+    REFUND_REVERSED,
+    STATUS_CHANGED,
+)
+from shared.xhub.events import CHECKED_STATUSES, InvalidEventError, ProviderEvent
 
 
 class Reason(StrEnum):
@@ -118,14 +78,9 @@ STATUS_TARGETS: Final[Mapping[str, OrderStatus]] = {
     "amount_mismatch": S.AMOUNT_MISMATCH,
 }
 MONEY_STATUSES: Final = frozenset({"paid", "settled", "refunded"})
-CHECKED_STATUSES: Final = frozenset({"paid", "settled"})  # compared with the order's money
-
-STATUS_CHANGED: Final = "payment.status_changed"
-REFUND_COMPLETED: Final = "refund.completed"
-REFUND_REVERSED: Final = "refund.reversed"
 REFUND_FAILURES: Final[Mapping[str, Reason]] = {
-    "refund.failed": Reason.REFUND_FAILED,
-    "refund.rejected": Reason.REFUND_REJECTED,
+    REFUND_FAILED: Reason.REFUND_FAILED,
+    REFUND_REJECTED: Reason.REFUND_REJECTED,
 }
 
 
@@ -161,37 +116,6 @@ class OrderState:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProviderEvent:
-    event_type: str
-    status: str | None = None
-    payment_id: str
-    amount: Decimal | None = None
-    currency: str | None = None
-    occurred_at: datetime | None = None  # the payload's created_at
-    refund_id: str | None = None
-    checked_at: datetime | None = None  # set: the provider's answer to GET /payments/:id (D11)
-
-    def __post_init__(self) -> None:
-        # A ProviderEvent that exists is complete enough for decide (D9).
-        if not self.event_type or not self.payment_id:
-            raise InvalidEventError("event and payment_id are required")
-        if self.event_type.startswith("refund.") and not self.refund_id:
-            raise InvalidEventError(f"{self.event_type} without refund_id")
-        if self.event_type.endswith(".status_changed") and not self.status:
-            raise InvalidEventError(f"{self.event_type} without status")
-        money_needed = self.event_type in (REFUND_COMPLETED, REFUND_REVERSED) or (
-            self.event_type == STATUS_CHANGED and self.status in CHECKED_STATUSES
-        )
-        if money_needed and (self.amount is None or not self.currency):
-            raise InvalidEventError(f"{self.event_type} {self.status} without amount or currency")
-        if self.amount is not None and not (self.amount.is_finite() and self.amount >= 0):
-            raise InvalidEventError("amount must be a finite non-negative decimal")
-        for moment in (self.occurred_at, self.checked_at):
-            if moment is not None and moment.utcoffset() is None:
-                raise InvalidEventError("event times must be timezone-aware")
-
-
 @dataclass(frozen=True, slots=True)
 class DomainEvent:
     name: str  # "order.<to_status lower>", the routing key bonuses and emails bind to
@@ -204,54 +128,6 @@ class Decision:
     new_state: OrderState | None  # None: nothing to write
     events: tuple[DomainEvent, ...]  # the transitions actually made
     reason: Reason
-
-
-_AMOUNT = re.compile(r"[0-9]+(\.[0-9]+)?")
-
-
-def parse_event(payload: Mapping[str, Any]) -> ProviderEvent:
-    """The webhook JSON (SPEC section 3) as a ProviderEvent; InvalidEventError if it never fits."""
-    status = _text(payload, "status")
-    return ProviderEvent(
-        event_type=_text(payload, "event") or "",
-        status=status.lower() if status else None,
-        payment_id=_text(payload, "payment_id") or "",
-        amount=_amount(payload.get("amount")),
-        currency=_text(payload, "currency"),
-        occurred_at=_time(payload.get("created_at")),
-        refund_id=_text(payload, "refund_id"),
-        checked_at=_time(payload.get("checked_at")),
-    )
-
-
-def _text(payload: Mapping[str, Any], key: str) -> str | None:
-    value = payload.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidEventError(f"{key} must be a string")
-    return value
-
-
-def _amount(value: Any) -> Decimal | None:
-    if value is None:
-        return None
-    # Money never passes through a binary float: only the contract's decimal string (D9).
-    if not isinstance(value, str) or not _AMOUNT.fullmatch(value):
-        raise InvalidEventError("amount must be a decimal string such as '100.00'")
-    return Decimal(value)
-
-
-def _time(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidEventError("times must be ISO 8601 strings")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError as e:
-        raise InvalidEventError("times must be ISO 8601") from e
-    return parsed if parsed.utcoffset() is not None else parsed.replace(tzinfo=UTC)  # D9
 
 
 def decide(state: OrderState, event: ProviderEvent) -> Decision:
@@ -382,25 +258,3 @@ def _unchanged(reason: Reason) -> Decision:
 def _moved(old: OrderState, new: OrderState, reason: Reason) -> Decision:
     event = DomainEvent(f"order.{new.status.lower()}", old.status, new.status)
     return Decision(new, (event,), reason)
-
-
-def expected_final_status(event_statuses: Iterable[str]) -> OrderStatus:
-    """Final status of a PENDING order after payment.status_changed events with these statuses
-    (amounts matching), delivered in any order and any number of times.
-
-    Written from the rules, not from decide, so tests can hold one against the other. Raises
-    ValueError for the one order-dependent set: a cancel-like status with amount_mismatch and
-    no money status (whichever comes first wins, D1).
-    """
-    seen = set(event_statuses)
-    for status, final in (("refunded", S.REFUNDED), ("settled", S.SETTLED), ("paid", S.PAID)):
-        if status in seen:
-            return final
-    cancelled = bool(seen & {"expired", "cancelled", "failed"})
-    if cancelled and "amount_mismatch" in seen:
-        raise ValueError("cancelled vs amount_mismatch depends on delivery order")
-    if cancelled:
-        return S.CANCELLED
-    if "amount_mismatch" in seen:
-        return S.AMOUNT_MISMATCH
-    return S.PENDING

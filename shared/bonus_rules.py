@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-EARNING = frozenset({"PAID", "SETTLED"})
+from shared.vocabulary import EARNING
 
 
 class EntryKind(StrEnum):

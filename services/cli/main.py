@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from shared import dlq, dlq_lock, operator, supervisor
+from services.cli import commands, run_all
+from services.cli.registry import SERVICES
+from services.sim import run as sim_run
+from shared import dlq, dlq_lock
 from shared.config import ConfigError, Settings
+from shared.connections import UnreachableError
+from shared.console import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from shared.dlq import QUEUES
 from shared.logs import configure_logging
 from shared.migrate import migrate
-
-SERVICES = ("ingest", "orders", "bonuses", "email", "api", "reconciler")
+from shared.service import serve
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -30,41 +33,41 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="payhooks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser(
+    subcommands = parser.add_subparsers(dest="command", required=True)
+    run = subcommands.add_parser(
         "run", help="run one service in the foreground, or `all` of them as separate processes"
     )
     run.add_argument("service", choices=(*SERVICES, "all"))
-    commands.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
+    subcommands.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
 
-    order = commands.add_parser("order", help="shop orders").add_subparsers(
+    order = subcommands.add_parser("order", help="shop orders").add_subparsers(
         dest="subcommand", required=True
     )
     add = order.add_parser("add", help="register an order before its payment (idempotent)")
     for field in ("order-id", "payment-id", "user-id", "email", "amount", "currency"):
         add.add_argument(f"--{field}", required=True)
     add.add_argument("--json", action="store_true")
-    add.set_defaults(handler=operator.order_add)
+    add.set_defaults(handler=commands.order_add)
 
-    payment = commands.add_parser("payment", help="payments").add_subparsers(
+    payment = subcommands.add_parser("payment", help="payments").add_subparsers(
         dest="subcommand", required=True
     )
     show = payment.add_parser("show", help="everything known about a payment")
     show.add_argument("payment_id")
     show.add_argument("--json", action="store_true")
-    show.set_defaults(handler=operator.payment_show)
+    show.set_defaults(handler=commands.payment_show)
 
-    dlq = commands.add_parser("dlq", help="dead-letter queues").add_subparsers(
+    dlq = subcommands.add_parser("dlq", help="dead-letter queues").add_subparsers(
         dest="subcommand", required=True
     )
     dlq_list = dlq.add_parser("list", help="messages and oldest age per DLQ")
     dlq_list.add_argument("--json", action="store_true")
-    dlq_list.set_defaults(handler=operator.dlq_list)
+    dlq_list.set_defaults(handler=commands.dlq_list)
     dlq_show = dlq.add_parser("show", help="the messages of one DLQ (nothing is moved)")
     dlq_show.add_argument("queue", choices=QUEUES)
     dlq_show.add_argument("--limit", type=_positive, default=None)
     dlq_show.add_argument("--json", action="store_true")
-    dlq_show.set_defaults(handler=operator.dlq_show)
+    dlq_show.set_defaults(handler=commands.dlq_show)
     requeue = dlq.add_parser(
         "requeue", help="move messages back to their queue (confirmed before removed)"
     )
@@ -85,14 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     requeue.add_argument("--limit", type=_positive, default=None)
     requeue.add_argument("--dry-run", action="store_true", help="show what would move")
     requeue.add_argument("--json", action="store_true")
-    requeue.set_defaults(handler=operator.dlq_requeue)
+    requeue.set_defaults(handler=commands.dlq_requeue)
     purge = dlq.add_parser("purge", help="delete every message of one DLQ")
     purge.add_argument("queue", choices=QUEUES)
     purge.add_argument("--yes", action="store_true", help="really delete them")
     purge.add_argument("--json", action="store_true")
-    purge.set_defaults(handler=operator.dlq_purge)
+    purge.set_defaults(handler=commands.dlq_purge)
 
-    unrouted = commands.add_parser(
+    unrouted = subcommands.add_parser(
         "unrouted", help="events no worker consumes (withdrawals, kyc, ...): look, never move"
     ).add_subparsers(dest="subcommand", required=True)
     unrouted_show = unrouted.add_parser(
@@ -100,13 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     unrouted_show.add_argument("--limit", type=_positive, default=20, help="list N (default 20)")
     unrouted_show.add_argument("--json", action="store_true")
-    unrouted_show.set_defaults(handler=operator.unrouted_show)
+    unrouted_show.set_defaults(handler=commands.unrouted_show)
 
-    sim = commands.add_parser("sim", help="X-Hub simulator: fake payments API + signed webhooks")
-    # Imported by name, like the services: shared/ never imports services/ at module level.
-    sim_module = importlib.import_module("services.sim.run")
-    sim_module.add_arguments(sim)
-    sim.set_defaults(handler=sim_module.command)
+    sim = subcommands.add_parser("sim", help="X-Hub simulator: fake payments API + signed webhooks")
+    sim_run.add_arguments(sim)
+    sim.set_defaults(handler=sim_run.command)
     return parser
 
 
@@ -120,12 +121,12 @@ def _positive(raw: str) -> int:
     return value
 
 
-def _settings(required: Sequence[str] = ()) -> Settings:
+def _settings() -> Settings:
     try:
-        return Settings.from_env(required=required)
+        return Settings.from_env()
     except ConfigError as e:
         print(f"payhooks: {e}", file=sys.stderr)
-        raise SystemExit(operator.EXIT_USAGE) from None
+        raise SystemExit(EXIT_USAGE) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -136,15 +137,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             asyncio.run(migrate(settings.database_url))
         except OSError as e:
             print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
-            sys.exit(operator.EXIT_UNREACHABLE)
-        sys.exit(supervisor.main())
+            sys.exit(EXIT_UNREACHABLE)
+        sys.exit(run_all.main())
     if args.command == "run":
-        # Imported by name so shared/ never imports services/ at module level.
-        module = importlib.import_module(f"services.{args.service}.app")
-        settings = _settings(module.REQUIRED_ENV)
-        configure_logging(settings.log_level)
-        module.main(settings)
-        sys.exit(operator.EXIT_OK)
+        serve(SERVICES[args.service])
+        sys.exit(EXIT_OK)
     if args.command == "migrate":
         settings = _settings()
         configure_logging(settings.log_level)
@@ -152,9 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             applied = asyncio.run(migrate(settings.database_url))
         except OSError as e:
             print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
-            sys.exit(operator.EXIT_UNREACHABLE)
+            sys.exit(EXIT_UNREACHABLE)
         print(f"migrations applied: {', '.join(applied) or 'none (schema is current)'}")
-        sys.exit(operator.EXIT_OK)
+        sys.exit(EXIT_OK)
     settings = _settings()
     configure_logging("WARNING")
     # Connection failures are reported as one clear line (exit 3), not as library logs.
@@ -163,12 +160,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     handler: Command = args.handler
     try:
         sys.exit(asyncio.run(handler(settings, args)))
-    except (operator.UnreachableError, dlq_lock.DlqBusyError) as e:
+    except (UnreachableError, dlq_lock.DlqBusyError) as e:
         print(f"payhooks: {e}", file=sys.stderr)
-        sys.exit(operator.EXIT_UNREACHABLE)
+        sys.exit(EXIT_UNREACHABLE)
     except (dlq.MissingQueueError, dlq.UnroutableError) as e:
         print(f"payhooks: {e}", file=sys.stderr)
-        sys.exit(operator.EXIT_USAGE)
+        sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         # Messages held unacknowledged go back to their DLQ when the connection closes.
         print("payhooks: interrupted", file=sys.stderr)

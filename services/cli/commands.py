@@ -6,34 +6,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import aio_pika
-import asyncpg
 import orjson
-from aio_pika.abc import AbstractChannel
 
 from shared import dlq, dlq_lock, support, unrouted
 from shared.config import Settings
-from shared.console import Progress, table
-from shared.db import init_connection
+from shared.connections import UnreachableError, broker, database
+from shared.console import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE, Progress, table
 from shared.orders import OrderValidationError, order_json, parse_new_order
 from shared.queries import orders as orders_sql
-from shared.topology import Topology, build_topology
-
-EXIT_OK = 0
-EXIT_NOTHING = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_CONFLICT = 4
-
-_TIMEOUT_S = 5.0
-
-
-class UnreachableError(Exception):
-    """PostgreSQL or RabbitMQ could not be reached (exit 3)."""
 
 
 def _print_json(data: Any) -> None:
@@ -43,34 +25,6 @@ def _print_json(data: Any) -> None:
 def _fail(message: str, code: int) -> int:
     print(f"payhooks: {message}", file=sys.stderr)
     return code
-
-
-@asynccontextmanager
-async def database(settings: Settings) -> AsyncIterator[asyncpg.Connection[Any]]:
-    try:
-        conn: asyncpg.Connection[Any] = await asyncpg.connect(
-            settings.database_url, timeout=_TIMEOUT_S
-        )
-    except (OSError, TimeoutError, asyncpg.PostgresError) as e:
-        raise UnreachableError(f"cannot reach PostgreSQL: {e}") from None
-    try:
-        await init_connection(conn)
-        yield conn
-    finally:
-        await conn.close()
-
-
-@asynccontextmanager
-async def broker(settings: Settings) -> AsyncIterator[tuple[AbstractChannel, Topology]]:
-    try:
-        connection = await aio_pika.connect(settings.amqp_url, timeout=_TIMEOUT_S)
-    except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as e:
-        raise UnreachableError(f"cannot reach RabbitMQ: {e}") from None
-    try:
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        yield channel, build_topology(settings.amqp_prefix, settings.retry_delays_s)
-    finally:
-        await connection.close()
 
 
 async def order_add(settings: Settings, args: argparse.Namespace) -> int:

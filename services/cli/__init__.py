@@ -1,0 +1,1 @@
+"""The `payhooks` command: runs services, migrates, and the operator and developer commands."""

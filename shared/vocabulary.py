@@ -1,0 +1,38 @@
+"""Words several modules must spell alike: order statuses, the headers we put on messages,
+queue name suffixes, email template names."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class OrderStatus(StrEnum):
+    PENDING = "PENDING"
+    PAID = "PAID"
+    SETTLED = "SETTLED"
+    REFUNDED = "REFUNDED"
+    CANCELLED = "CANCELLED"
+    AMOUNT_MISMATCH = "AMOUNT_MISMATCH"
+
+
+# An order in one of these holds its bonus points.
+EARNING: Final = frozenset({OrderStatus.PAID, OrderStatus.SETTLED})
+
+# Headers we own on a message on its way through retries, into a DLQ and back (no `x-`
+# prefix: that space belongs to RabbitMQ).
+ATTEMPTS: Final = "attempts"
+FIRST_FAILED_AT: Final = "first_failed_at"
+LAST_FAILED_AT: Final = "last_failed_at"
+LAST_ERROR: Final = "error"
+REASON: Final = "reason"
+ORIGINAL_QUEUE: Final = "original_queue"
+REQUEUED: Final = "requeued"
+
+# `<queue>.dlq` holds a work queue's dead letters; `<dlq>.lock` is held by whoever reads it.
+DLQ_SUFFIX: Final = ".dlq"
+LOCK_SUFFIX: Final = ".lock"
+
+# Customer emails, by template (the `emails.template` column).
+SUCCEEDED_EMAIL: Final = "payment_succeeded"
+REFUNDED_EMAIL: Final = "payment_refunded"
