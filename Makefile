@@ -2,13 +2,15 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
-# The interpreter the venv is made from: Python 3.11, what pyproject.toml and the image pin.
+# The interpreter the venv is made from: Python 3.11, what CI and the image use (pyproject.toml
+# allows 3.11-3.13 and the lock files are resolved for all three; only 3.11 is tested).
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
-.PHONY: help install run migrate test lint bench bench-vs-prototype bench-workers demo chaos soak clean
+.PHONY: help install lock run migrate test lint bench bench-vs-prototype bench-workers demo chaos soak clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
+	@echo "make lock     - regenerate requirements.lock and requirements-dev.lock from pyproject.toml"
 	@echo "make run      - migrate, then run ingest, orders, bonuses, email, api and a dev SMTP sink"
 	@echo "make test     - ruff format --check, ruff check, mypy, pytest (what CI runs)"
 	@echo "make lint     - ruff and mypy only"
@@ -19,16 +21,36 @@ help:
 	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail"
 	@echo "make soak     - MINUTES (30) at half the measured capacity, watched for growth"
 
-$(BIN)/payhooks: pyproject.toml
+# Exactly the versions (and hashes) of requirements-dev.lock, then payhooks itself without
+# dependencies; `pip check` fails when pyproject.toml asks for a version the lock lacks.
+$(BIN)/payhooks: pyproject.toml requirements-dev.lock
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
-		echo "payhooks needs Python 3.11 (pyproject.toml); install it, or: make PYTHON=/path/to/python3.11"; \
+		echo "payhooks needs Python 3.11 (what CI and the image use); install it, or: make PYTHON=/path/to/python3.11"; \
 		exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	@$(BIN)/pip check >/dev/null || { $(BIN)/pip check; rm -f $@; \
+		echo "requirements-dev.lock is behind pyproject.toml: make lock"; exit 1; }
 	@touch $@
 
 install: $(BIN)/payhooks
+
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
+
+# requirements.lock: the runtime dependencies (the image); requirements-dev.lock: those and the
+# dev group (make install, CI). Every platform, Python 3.11-3.13, with hashes. Versions already
+# locked are kept unless pyproject.toml changes them; UPGRADE=1 takes the newest allowed.
+# uv comes from the dev lock, so this works while the lock is behind pyproject.toml.
+UV_COMPILE = $(BIN)/uv pip compile pyproject.toml --quiet --universal --generate-hashes \
+	--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade,)
+lock: $(BIN)/uv
+	$(UV_COMPILE) --output-file requirements.lock
+	$(UV_COMPILE) --group dev --output-file requirements-dev.lock
 
 migrate: install
 	$(BIN)/payhooks migrate
