@@ -21,7 +21,7 @@ from aiohttp import web
 
 from services.ingest.accept import Acceptor, Outcome, outgoing
 from services.ingest.app import SERVICE
-from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
+from services.ingest.endpoint import ACCEPTOR, METRICS, SETTINGS, receive_webhook
 from services.ingest.webhook import Webhook
 from shared import service
 from shared.broker import BROKER, Broker, broker_ctx

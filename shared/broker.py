@@ -1,10 +1,6 @@
-"""RabbitMQ connection for a service's lifetime and confirmed, mandatory publishing.
-
-The first connection is made in the background, so a service starts (and answers 503 or
-reports not-ready) while the broker is down; after that aio-pika's robust connection
-reconnects and re-declares by itself. A connection RabbitMQ blocks (a resource alarm) fails
-publishes at once instead of leaving them to time out.
-"""
+"""RabbitMQ for a service's lifetime: connected in the background (the service starts while
+the broker is down), reconnected by aio-pika, publishes confirmed and mandatory, failed at
+once while RabbitMQ blocks publishers."""
 
 from __future__ import annotations
 
@@ -13,8 +9,7 @@ import contextlib
 import datetime as dt
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import aio_pika
 import aiormq
@@ -22,19 +17,18 @@ import structlog
 from aio_pika import RobustConnection
 from aio_pika.abc import (
     AbstractExchange,
-    AbstractIncomingMessage,
     AbstractRobustChannel,
     AbstractRobustConnection,
-    DeliveryMode,
 )
 from aiohttp import web
-from aiormq import spec
 from yarl import URL
 
+from shared.alarms import BlockedError, is_blocked
 from shared.errors import UnavailableError
-from shared.publish_together import publish_together
+from shared.outgoing import Outgoing, properties
+from shared.publish_together import publish_error, publish_together, retrieve_exception
 from shared.tasks import cancel_and_wait
-from shared.topology import Topology, declare, message_id, routing_key
+from shared.topology import Topology, declare
 from shared.web import READINESS_CHECKS
 
 log = structlog.get_logger(__name__)
@@ -51,113 +45,11 @@ _BLOCKED_POLL_S = 0.05
 _BLOCKED_MEMORY_S = 0.001
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One message to publish on the events exchange."""
-
-    routing_key: str
-    body: bytes
-    message_id: str
-    type: str
-    headers: dict[str, str]
-
-
-def properties(outgoing: Outgoing, now: dt.datetime) -> spec.Basic.Properties:
-    """The AMQP properties every payhooks publish carries.
-
-    message_id and type are AMQP short strings (255 bytes): an id built from a provider's
-    event id can be longer (an outbox id adds ":order.paid"), and a message pamqp cannot
-    encode would fail on every attempt. message_id() keeps short ids and hashes long ones.
-    The timestamp (whole seconds) is when it was published: how long a message has waited in
-    a queue nobody consumes (`unrouted`) is read from it.
-    """
-    return spec.Basic.Properties(
-        content_type="application/json",
-        delivery_mode=DeliveryMode.PERSISTENT.value,
-        headers=dict(outgoing.headers),
-        message_id=message_id(outgoing.message_id),
-        message_type=routing_key(outgoing.type),
-        timestamp=now,
-    )
-
-
-def to_message(outgoing: Outgoing) -> aio_pika.Message:
-    """`outgoing` as an aio_pika.Message with the same properties (for publishing through an
-    aio-pika exchange, as tests do)."""
-    p = properties(outgoing, dt.datetime.now(dt.UTC))
-    return aio_pika.Message(
-        outgoing.body,
-        message_id=p.message_id,
-        type=p.message_type,
-        content_type=p.content_type,
-        delivery_mode=DeliveryMode.PERSISTENT,
-        headers=p.headers,
-        timestamp=p.timestamp,
-    )
-
-
-def persistent_copy(message: AbstractIncomingMessage, headers: dict[str, Any]) -> aio_pika.Message:
-    """The received message, body and ids unchanged, to publish again with new `headers`."""
-    return aio_pika.Message(
-        message.body,
-        headers=headers,
-        message_id=message.message_id,
-        type=message.type,
-        content_type=message.content_type,
-        delivery_mode=DeliveryMode.PERSISTENT,
-    )
-
-
-class PublishTimeoutError(UnavailableError):
-    """No confirm within the deadline: the message may or may not reach the queue."""
-
-
-class BlockedError(UnavailableError):
-    """RabbitMQ blocks publishers (a memory or disk alarm): nothing was published."""
-
-    def __init__(self) -> None:
-        super().__init__("RabbitMQ is blocking publishers (memory or disk alarm)")
-
-
-def publish_error(future: asyncio.Future[None]) -> BaseException | None:
-    """None if confirmed; the error if it failed; PublishTimeoutError if still pending."""
-    if not future.done():
-        return PublishTimeoutError("no confirm from RabbitMQ in time")
-    if future.cancelled():
-        return UnavailableError("publish cancelled")
-    return future.exception()
-
-
 def _failed(error: BaseException) -> asyncio.Future[None]:
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     future.set_exception(error)
     future.add_done_callback(retrieve_exception)
     return future
-
-
-def retrieve_exception(future: asyncio.Future[Any]) -> None:
-    # Whoever gave up waiting must not leave "exception was never retrieved" behind.
-    if not future.cancelled():
-        future.exception()
-
-
-def _blocked(connection: AbstractRobustConnection | None) -> bool:
-    """Whether RabbitMQ has blocked `connection` (AMQP connection.blocked: a memory or disk
-    alarm), seen without waiting. aiormq keeps that state private, but its public ready()
-    waits exactly while the connection is blocked: one step of that coroutine finishes at once
-    unless it would wait."""
-    if connection is None or connection.is_closed or connection.transport is None:
-        return False
-    underlying = connection.transport.connection
-    if underlying.is_closed:  # a lost connection waits in ready() too, but is not blocked
-        return False
-    ready = underlying.ready()
-    try:
-        ready.send(None)
-    except StopIteration:
-        return False
-    ready.close()  # leaves no waiter behind (asyncio.Event.wait cleans up in `finally`)
-    return True
 
 
 class Broker:
@@ -261,16 +153,12 @@ class Broker:
 
     @property
     def blocked(self) -> bool:
-        """True while RabbitMQ blocks this connection's publishes (a memory or disk alarm).
-
-        RabbitMQ blocks a connection when it next publishes after the alarm went off, and
-        says so (connection.blocked) within milliseconds; from then on until the alarm
-        clears, nothing published is confirmed.
-        """
+        """True while RabbitMQ blocks this connection's publishes (a memory or disk alarm:
+        from its next publish after the alarm until it clears, nothing is confirmed)."""
         # Looked at by every request: the answer is kept for a millisecond.
         now = time.monotonic()
         if now - self._blocked_seen_at > _BLOCKED_MEMORY_S:
-            self._blocked_seen, self._blocked_seen_at = _blocked(self._connection), now
+            self._blocked_seen, self._blocked_seen_at = is_blocked(self._connection), now
         return self._blocked_seen
 
     @property

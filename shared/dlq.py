@@ -1,26 +1,12 @@
-"""Dead-letter queues: list, show, requeue, purge. One module for the API and the CLI.
-
-Nothing here can lose a message:
-
-* show reads every message of the DLQ unacknowledged and hands them all back in one go, so
-  they keep their order among themselves (a quorum queue puts returned messages at its tail:
-  reading all of them and returning all of them in order leaves the queue as it was, except
-  that anything dead-lettered during the read now sits ahead of them);
-* requeue publishes a copy to the message's original queue, waits for the broker's confirm,
-  and only then acknowledges the DLQ copy: a crash in between leaves both (a duplicate the
-  workers dedup), never neither;
-* purge acknowledges only what it read and reports each message it removed.
-
-Each of them holds the DLQ's lock while it reads (`reading`): a message one reader holds
-unacknowledged is invisible to every other, so two readers at once would each see part of
-the queue, and a requeue or purge would do part of its job while reporting success.
-"""
+"""Dead-letter queues as operators see them: every message read under the DLQ's lock and
+handed back in order (looking moves nothing), described from our failure headers or
+RabbitMQ's x-death. Requeue and purge: shared/dlq_moves.py."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,10 +15,9 @@ import aio_pika
 import aiormq
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from pamqp.commands import Basic
 
-from shared.broker import persistent_copy
 from shared.dlq_lock import reading
+from shared.failures import int_header
 from shared.topology import WORK_QUEUES, Topology, queue_of_dlq
 from shared.vocabulary import (
     ATTEMPTS,
@@ -45,12 +30,6 @@ from shared.vocabulary import (
 )
 
 QUEUES = WORK_QUEUES
-
-_PUBLISH_TIMEOUT_S = 10.0
-
-
-class UnroutableError(Exception):
-    """RabbitMQ could not queue a requeued copy; its DLQ copy was kept."""
 
 
 class MissingQueueError(Exception):
@@ -101,45 +80,45 @@ class DeadLetter:
         }
 
     def age_seconds(self, now: dt.datetime) -> float | None:
-        at = _parse_time(self.last_failed_at)
+        at = parse_time(self.last_failed_at)
         return None if at is None else max(0.0, (now - at).total_seconds())
 
-
-def describe(message: AbstractIncomingMessage, dlq: str) -> DeadLetter:
-    """Read our failure headers, or RabbitMQ's x-death for messages it dead-lettered itself
-    (delivery limit), and the ids inside the body."""
-    headers: dict[str, Any] = dict(message.headers or {})
-    death = _first_death(headers)
-    try:
-        payload = orjson.loads(message.body)
-    except orjson.JSONDecodeError:
-        payload = None
-    payload = payload if isinstance(payload, dict) else {}
-    message_id = message.message_id or ""
-    event_id = payload.get("source_event_id") or message_id or None
-    # Our own reason when a worker put it here; RabbitMQ's when it dead-lettered the message
-    # itself (the delivery limit): a requeue strips both, so whichever is present is current.
-    reason = _text(headers.get(REASON)) or _text(death.get("reason")) or "unknown"
-    death_time = death.get("time")
-    last_failed = _text(headers.get(LAST_FAILED_AT)) or (
-        death_time.isoformat() if isinstance(death_time, dt.datetime) else None
-    )
-    return DeadLetter(
-        id=message_id,
-        event_id=_text(event_id),
-        event=_text(payload.get("event")) or _text(message.type),
-        payment_id=_text(payload.get("payment_id")),
-        reason=reason,
-        error=_text(headers.get(LAST_ERROR)),
-        attempts=_int_or_none(headers.get(ATTEMPTS)),
-        first_failed_at=_text(headers.get(FIRST_FAILED_AT)) or last_failed,
-        last_failed_at=last_failed,
-        original_queue=_text(headers.get(ORIGINAL_QUEUE))
-        or _text(death.get("queue"))
-        or queue_of_dlq(dlq),
-        requeued=_int_or_none(headers.get(REQUEUED)) or 0,
-        body=message.body,
-    )
+    @classmethod
+    def from_message(cls, message: AbstractIncomingMessage, dlq: str) -> DeadLetter:
+        """Read our failure headers, or RabbitMQ's x-death for messages it dead-lettered itself
+        (delivery limit), and the ids inside the body."""
+        headers: dict[str, Any] = dict(message.headers or {})
+        death = _first_death(headers)
+        try:
+            payload = orjson.loads(message.body)
+        except orjson.JSONDecodeError:
+            payload = None
+        payload = payload if isinstance(payload, dict) else {}
+        message_id = message.message_id or ""
+        event_id = payload.get("source_event_id") or message_id or None
+        # Our own reason when a worker put it here; RabbitMQ's when it dead-lettered the message
+        # itself (the delivery limit): a requeue strips both, so whichever is present is current.
+        reason = _text(headers.get(REASON)) or _text(death.get("reason")) or "unknown"
+        death_time = death.get("time")
+        last_failed = _text(headers.get(LAST_FAILED_AT)) or (
+            death_time.isoformat() if isinstance(death_time, dt.datetime) else None
+        )
+        return cls(
+            id=message_id,
+            event_id=_text(event_id),
+            event=_text(payload.get("event")) or _text(message.type),
+            payment_id=_text(payload.get("payment_id")),
+            reason=reason,
+            error=_text(headers.get(LAST_ERROR)),
+            attempts=int_header(headers.get(ATTEMPTS)),
+            first_failed_at=_text(headers.get(FIRST_FAILED_AT)) or last_failed,
+            last_failed_at=last_failed,
+            original_queue=_text(headers.get(ORIGINAL_QUEUE))
+            or _text(death.get("queue"))
+            or queue_of_dlq(dlq),
+            requeued=int_header(headers.get(REQUEUED)) or 0,
+            body=message.body,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +126,13 @@ class QueueStats:
     queue: str
     messages: int
     oldest_age_seconds: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "messages": self.messages,
+            "oldest_age_seconds": self.oldest_age_seconds,
+        }
 
 
 def dlq_name(topology: Topology, queue: str) -> str:
@@ -173,14 +159,14 @@ async def depth(channel: AbstractChannel, queue: str) -> int:
     return (await counts(channel, queue)).messages
 
 
-async def _read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
+async def read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomingMessage]:
     """Every ready message, unacknowledged (the caller acks or hands back each one)."""
     messages: list[AbstractIncomingMessage] = []
     await _consume_all(channel, queue, messages)
     return messages
 
 
-async def _hand_back(messages: Sequence[AbstractIncomingMessage]) -> None:
+async def hand_back(messages: Sequence[AbstractIncomingMessage]) -> None:
     for message in messages:  # in order: the queue gets them back in the order it had them
         try:
             await message.nack(requeue=True)
@@ -192,7 +178,7 @@ async def show(
     channel: AbstractChannel, dlq: str, *, lock_wait_s: float | None = None
 ) -> list[DeadLetter]:
     async with peeking(channel, dlq, lock_wait_s=lock_wait_s) as messages:
-        return [describe(m, dlq) for m in messages]
+        return [DeadLetter.from_message(m, dlq) for m in messages]
 
 
 _PEEK_PREFETCH = 65535
@@ -214,7 +200,7 @@ async def peeking(
             await _consume_all(channel, queue, messages)
             yield messages
         finally:
-            await _hand_back(messages)
+            await hand_back(messages)
 
 
 async def _consume_all(
@@ -250,6 +236,17 @@ async def _consume_all(
     await asyncio.sleep(0)  # deliveries that came before the cancel's answer are appended
 
 
+async def dead_letters_for_payment(
+    channel: AbstractChannel, topology: Topology, payment_id: str, *, lock_wait_s: float
+) -> list[DeadLetter]:
+    """Every DLQ's messages about one payment (the payment view's `dead_letters`)."""
+    letters: list[DeadLetter] = []
+    for queue in QUEUES:
+        found = await show(channel, dlq_name(topology, queue), lock_wait_s=lock_wait_s)
+        letters.extend(d for d in found if d.payment_id == payment_id)
+    return letters
+
+
 async def stats(channel: AbstractChannel, topology: Topology) -> list[QueueStats]:
     now = dt.datetime.now(dt.UTC)
     result = []
@@ -259,111 +256,6 @@ async def stats(channel: AbstractChannel, topology: Topology) -> list[QueueStats
         ages = [a for a in (d.age_seconds(now) for d in letters) if a is not None]
         result.append(QueueStats(dlq, len(letters), max(ages) if ages else None))
     return result
-
-
-Matcher = Callable[[DeadLetter], bool]
-Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True, slots=True)
-class RequeueResult:
-    requeued: list[DeadLetter]
-    not_found: list[str]
-    dry_run: bool
-
-
-async def requeue(
-    channel: AbstractChannel,
-    dlq: str,
-    match: Matcher,
-    *,
-    ids: Sequence[str] = (),
-    limit: int | None = None,
-    dry_run: bool = False,
-    progress: Progress | None = None,
-) -> RequeueResult:
-    """Move matching messages back to their original queue (confirm first, then ack).
-
-    `channel` must have publisher confirms on. A copy RabbitMQ can't route (its original
-    queue is gone) stops the requeue with UnroutableError and stays in the DLQ. `ids` only
-    feeds `not_found`; the selection itself is `match`.
-    """
-    async with reading(channel, dlq):
-        messages = await _read_all(channel, dlq)
-        chosen: list[tuple[AbstractIncomingMessage, DeadLetter]] = []
-        for message in messages:
-            letter = describe(message, dlq)
-            if match(letter) and (limit is None or len(chosen) < limit):
-                chosen.append((message, letter))
-        moved: set[int] = set()  # id() of each message acknowledged
-        try:
-            if not dry_run:
-                for done, (message, letter) in enumerate(chosen, start=1):
-                    await _republish(channel, message, letter)
-                    await message.ack()  # only after the confirm: a crash here duplicates
-                    moved.add(id(message))
-                    if progress is not None:
-                        progress(done, len(chosen))
-        finally:
-            # Everything not moved goes back, in order, also after a failure half-way: the
-            # next reader must find it in the DLQ, not held by this channel.
-            await _hand_back([m for m in messages if id(m) not in moved])
-    requested = set(ids)
-    found = {i for _, letter in chosen for i in (letter.id, letter.event_id) if i in requested}
-    return RequeueResult(
-        requeued=[letter for _, letter in chosen],
-        not_found=[i for i in ids if i not in found],
-        dry_run=dry_run,
-    )
-
-
-async def _republish(
-    channel: AbstractChannel, message: AbstractIncomingMessage, letter: DeadLetter
-) -> None:
-    # A fresh start: the retry ladder from its first step, and no death record, so that if it
-    # dies again the DLQ shows that death, not this one. The requeue count stays.
-    headers = {
-        k: v
-        for k, v in (message.headers or {}).items()
-        if not k.startswith("x-") and k not in (REASON, ATTEMPTS)
-    }
-    headers[REQUEUED] = letter.requeued + 1
-    unroutable = UnroutableError(
-        f"{letter.original_queue} does not take messages (deleted or renamed?);"
-        f" {letter.id} stays in the DLQ"
-    )
-    try:
-        confirm = await channel.default_exchange.publish(
-            persistent_copy(message, headers),
-            letter.original_queue,
-            mandatory=True,
-            timeout=_PUBLISH_TIMEOUT_S,
-        )
-    except aio_pika.exceptions.DeliveryError as e:
-        # Returned (a channel with on_return_raises) or refused by the queue.
-        raise unroutable from e
-    # Only a broker ack means "queued". A returned message (its queue is gone) is confirmed
-    # too on other channels, but as a DeliveredMessage: the DLQ copy must stay.
-    if not isinstance(confirm, Basic.Ack):
-        raise unroutable
-
-
-async def purge(
-    channel: AbstractChannel, dlq: str, *, progress: Progress | None = None
-) -> list[DeadLetter]:
-    """Remove every message now in the DLQ; return what was removed."""
-    async with reading(channel, dlq):
-        messages = await _read_all(channel, dlq)
-        removed: list[DeadLetter] = []
-        try:
-            for done, message in enumerate(messages, start=1):
-                await message.ack()
-                removed.append(describe(message, dlq))
-                if progress is not None:
-                    progress(done, len(messages))
-        finally:
-            await _hand_back(messages[len(removed) :])
-    return removed
 
 
 def _first_death(headers: dict[str, Any]) -> dict[str, Any]:
@@ -379,58 +271,8 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _int_or_none(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str | bytes):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
-
-
-def matcher(
-    *,
-    ids: Sequence[str] = (),
-    everything: bool = False,
-    reason: str | None = None,
-    event_type: str | None = None,
-    payment_id: str | None = None,
-    since: dt.datetime | None = None,
-    until: dt.datetime | None = None,
-) -> Matcher:
-    """A selection: all given criteria must hold (ids: any of them). Nothing given and not
-    `everything` selects nothing, so a forgotten flag never requeues a whole DLQ."""
-    wanted = set(ids)
-    if not (everything or wanted or reason or event_type or payment_id or since or until):
-        return lambda letter: False
-
-    def match(letter: DeadLetter) -> bool:
-        if wanted and letter.id not in wanted and letter.event_id not in wanted:
-            return False
-        if reason is not None and letter.reason != reason:
-            return False
-        if event_type is not None and letter.event != event_type:
-            return False
-        if payment_id is not None and letter.payment_id != payment_id:
-            return False
-        if since is not None or until is not None:
-            at = _parse_time(letter.last_failed_at)
-            if at is None:
-                return False
-            if since is not None and at < since:
-                return False
-            if until is not None and at > until:
-                return False
-        return True
-
-    return match
-
-
-def _parse_time(value: str | None) -> dt.datetime | None:
+def parse_time(value: str | None) -> dt.datetime | None:
+    """An ISO 8601 time (UTC when without an offset); None if absent or not a time."""
     if value is None:
         return None
     try:

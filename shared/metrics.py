@@ -331,7 +331,7 @@ PROVIDER_OUTCOMES = (
 
 @dataclass(frozen=True, slots=True)
 class ProviderMetrics:
-    """The X-Hub API client's requests (shared/provider.py), in the reconciler."""
+    """The X-Hub API client's requests (shared/xhub/client.py), in the reconciler."""
 
     requests: Counter
     request_duration: Histogram

@@ -14,7 +14,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from shared.broker import Broker, Outgoing
+from shared.broker import Broker
+from shared.outgoing import Outgoing
 from shared.queries import outbox as outbox_sql
 
 log = structlog.get_logger(__name__)

@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import aiormq
 import pamqp.frame
 from aiormq.abc import ChannelFrame
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
+
+from shared.errors import UnavailableError
 
 
 async def publish_together(
@@ -97,3 +100,22 @@ def _failed(error: Exception) -> asyncio.Future[object]:
     future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     future.set_exception(error)
     return future
+
+
+class PublishTimeoutError(UnavailableError):
+    """No confirm within the deadline: the message may or may not reach the queue."""
+
+
+def publish_error(future: asyncio.Future[None]) -> BaseException | None:
+    """None if confirmed; the error if it failed; PublishTimeoutError if still pending."""
+    if not future.done():
+        return PublishTimeoutError("no confirm from RabbitMQ in time")
+    if future.cancelled():
+        return UnavailableError("publish cancelled")
+    return future.exception()
+
+
+def retrieve_exception(future: asyncio.Future[Any]) -> None:
+    # Whoever gave up waiting must not leave "exception was never retrieved" behind.
+    if not future.cancelled():
+        future.exception()

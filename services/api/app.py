@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from services.api import dlq_routes, errors, handlers, monitor
-from services.api.dlq_access import DlqAccess
+from services.api import dlq_routes, errors, monitor, order_routes
+from services.api.dlq_access import DLQ_ACCESS, DlqAccess
+from services.api.responses import json_error
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
@@ -36,7 +37,7 @@ def admin_auth(token: str) -> Middleware:
                 given.strip().encode("utf-8", "replace"), expected
             )
             if not valid:
-                return handlers.json_error(401, "missing or invalid admin token")
+                return json_error(401, "missing or invalid admin token")
         return await handler(request)
 
     return middleware
@@ -58,7 +59,7 @@ def create_app(
 
     async def monitor_ctx(app: web.Application) -> AsyncIterator[None]:
         access = DlqAccess(app[BROKER])
-        app[handlers.DLQ_ACCESS] = access
+        app[DLQ_ACCESS] = access
 
         async def run() -> None:
             await app[BROKER].wait_connected(float("inf"))
@@ -68,10 +69,10 @@ def create_app(
             yield
 
     app.cleanup_ctx.append(monitor_ctx)
-    app.router.add_post("/api/orders", handlers.register_order)
-    app.router.add_get("/api/orders/{order_id}", handlers.get_order)
-    app.router.add_get("/api/payments/{payment_id}", handlers.get_payment)
-    app.router.add_get("/api/users/{user_id}/bonus", handlers.get_user_bonus)
+    app.router.add_post("/api/orders", order_routes.register_order)
+    app.router.add_get("/api/orders/{order_id}", order_routes.get_order)
+    app.router.add_get("/api/payments/{payment_id}", order_routes.get_payment)
+    app.router.add_get("/api/users/{user_id}/bonus", order_routes.get_user_bonus)
     app.router.add_get("/api/dlq", dlq_routes.list_dlqs)
     app.router.add_get("/api/dlq/{queue}", dlq_routes.show_dlq)
     app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)

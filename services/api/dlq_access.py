@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel
+from aiohttp import web
 
 from shared.broker import Broker
 from shared.errors import UnavailableError
@@ -47,3 +48,6 @@ class DlqAccess:
         finally:
             with contextlib.suppress(aio_pika.exceptions.AMQPError, OSError):
                 await channel.close()
+
+
+DLQ_ACCESS = web.AppKey("dlq_access", DlqAccess)

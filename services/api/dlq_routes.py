@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from services.api.handlers import DLQ_ACCESS, json_error, json_response
+from services.api.dlq_access import DLQ_ACCESS
+from services.api.responses import json_error, json_response
 from shared import dlq, unrouted
+from shared.dlq_moves import Selection, UnroutableError, requeue
 from shared.http_limits import read_body
 
 _MAX_PAGE = 1000
@@ -27,18 +28,7 @@ async def list_dlqs(request: web.Request) -> web.Response:
     access = request.app[DLQ_ACCESS]
     async with access.channel() as channel:
         stats = await dlq.stats(channel, access.topology)
-    return json_response(
-        {
-            "queues": [
-                {
-                    "queue": s.queue,
-                    "messages": s.messages,
-                    "oldest_age_seconds": s.oldest_age_seconds,
-                }
-                for s in stats
-            ]
-        }
-    )
+    return json_response({"queues": [s.as_json() for s in stats]})
 
 
 async def show_dlq(request: web.Request) -> web.Response:
@@ -70,17 +60,6 @@ class _BadRequest(ValueError):
     pass
 
 
-def _time(data: dict[str, Any], key: str) -> dt.datetime | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    try:
-        at = dt.datetime.fromisoformat(str(value))
-    except ValueError:
-        raise _BadRequest(f"{key} must be an ISO 8601 time") from None
-    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
-
-
 def _optional_text(data: dict[str, Any], key: str) -> str | None:
     value = data.get(key)
     if value is not None and not isinstance(value, str):
@@ -109,29 +88,25 @@ async def requeue_dlq(request: web.Request) -> web.Response:
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         ):
             raise _BadRequest("limit must be a positive whole number")
-        match = dlq.matcher(
+        selection = Selection.parse(
             ids=ids,
             everything=everything,
             reason=_optional_text(data, "reason"),
             event_type=_optional_text(data, "event_type"),
             payment_id=_optional_text(data, "payment_id"),
-            since=_time(data, "since"),
-            until=_time(data, "until"),
+            since=_optional_text(data, "since"),
+            until=_optional_text(data, "until"),
         )
-        if not (
-            ids
-            or everything
-            or set(data) & {"reason", "event_type", "payment_id", "since", "until"}
-        ):
+        if selection.says_nothing:
             raise _BadRequest('say what to requeue: "ids", "all": true, or a filter')
     except orjson.JSONDecodeError:
         return json_error(400, "body is not valid JSON")
-    except _BadRequest as e:
+    except ValueError as e:  # _BadRequest, a time that is not one
         return json_error(400, str(e))
     try:
         async with request.app[DLQ_ACCESS].channel() as channel:
-            result = await dlq.requeue(channel, queue, match, ids=ids, limit=limit, dry_run=dry_run)
-    except dlq.UnroutableError as e:
+            result = await requeue(channel, queue, selection, limit=limit, dry_run=dry_run)
+    except UnroutableError as e:
         # What was moved before it stays moved; the rest is still in the DLQ.
         return json_error(409, str(e))
     return json_response(

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from services.api.handlers import json_error
+from services.api.responses import json_error
 from shared import dlq_lock
 from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import UnavailableError

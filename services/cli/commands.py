@@ -4,17 +4,18 @@ RabbitMQ directly, no api in between). Each returns the process exit code."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from typing import Any
 
 import orjson
 
-from shared import dlq, dlq_lock, support, unrouted
+from shared import dlq, dlq_lock, unrouted
 from shared.config import Settings
 from shared.connections import UnreachableError, broker, database
 from shared.console import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE, Progress, table
-from shared.orders import OrderValidationError, order_json, parse_new_order
+from shared.dlq_moves import Selection, purge, requeue
+from shared.order_input import OrderValidationError, order_json, parse_new_order
+from shared.payment_view import payment_view
 from shared.queries import orders as orders_sql
 
 
@@ -63,19 +64,14 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
     letters: list[dlq.DeadLetter] = []
     try:
         async with broker(settings) as (channel, topology):
-            for queue in dlq.QUEUES:
-                letters.extend(
-                    await dlq.show(
-                        channel,
-                        dlq.dlq_name(topology, queue),
-                        lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S,
-                    )
-                )
+            letters = await dlq.dead_letters_for_payment(
+                channel, topology, args.payment_id, lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S
+            )
     except (UnreachableError, dlq.MissingQueueError, dlq_lock.DlqBusyError) as e:
         # The database holds most of the answer: show it, and say what is missing.
         print(f"payhooks: dead letters not shown: {e}", file=sys.stderr)
     async with database(settings) as conn:
-        view = await support.payment_view(conn, args.payment_id, letters)
+        view = await payment_view(conn, args.payment_id, letters)
     if view is None:
         return _fail(f"payment {args.payment_id} is unknown (no order, no webhook)", EXIT_NOTHING)
     if args.json:
@@ -122,10 +118,7 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
 async def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
     async with broker(settings) as (channel, topology):
         stats = await dlq.stats(channel, topology)
-    rows = [
-        {"queue": s.queue, "messages": s.messages, "oldest_age_seconds": s.oldest_age_seconds}
-        for s in stats
-    ]
+    rows = [s.as_json() for s in stats]
     if args.json:
         _print_json({"queues": rows})
     else:
@@ -146,40 +139,31 @@ async def dlq_show(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK if letters else EXIT_NOTHING
 
 
-def _since(value: str | None) -> dt.datetime | None:
-    if value is None:
-        return None
-    at = dt.datetime.fromisoformat(value)
-    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
-
-
 async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
-    filters = (args.id, args.reason, args.event_type, args.payment_id, args.since, args.until)
-    if not args.all and not any(filters):
-        return _fail(
-            "say what to requeue: --id ID, --all, or a filter (--reason, --event-type,"
-            " --payment-id, --since, --until)",
-            EXIT_USAGE,
-        )
     try:
-        match = dlq.matcher(
+        selection = Selection.parse(
             ids=args.id or (),
             everything=args.all,
             reason=args.reason,
             event_type=args.event_type,
             payment_id=args.payment_id,
-            since=_since(args.since),
-            until=_since(args.until),
+            since=args.since,
+            until=args.until,
         )
     except ValueError as e:
-        return _fail(f"--since/--until: {e}", EXIT_USAGE)
+        return _fail(f"--{e}", EXIT_USAGE)
+    if selection.says_nothing:
+        return _fail(
+            "say what to requeue: --id ID, --all, or a filter (--reason, --event-type,"
+            " --payment-id, --since, --until)",
+            EXIT_USAGE,
+        )
     progress = Progress("requeued")
     async with broker(settings) as (channel, topology):
-        result = await dlq.requeue(
+        result = await requeue(
             channel,
             dlq.dlq_name(topology, args.queue),
-            match,
-            ids=args.id or (),
+            selection,
             limit=args.limit,
             dry_run=args.dry_run,
             progress=progress,
@@ -210,7 +194,7 @@ async def dlq_purge(settings: Settings, args: argparse.Namespace) -> int:
         return _fail("purge deletes messages for good: add --yes to confirm", EXIT_USAGE)
     progress = Progress("purged")
     async with broker(settings) as (channel, topology):
-        removed = await dlq.purge(channel, dlq.dlq_name(topology, args.queue), progress=progress)
+        removed = await purge(channel, dlq.dlq_name(topology, args.queue), progress=progress)
     progress.finish()
     if args.json:
         _print_json({"purged": len(removed), "messages": [d.as_json() for d in removed]})

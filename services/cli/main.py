@@ -22,6 +22,7 @@ from shared.config import ConfigError, Settings
 from shared.connections import UnreachableError
 from shared.console import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from shared.dlq import QUEUES
+from shared.dlq_moves import UnroutableError
 from shared.logs import configure_logging
 from shared.migrate import migrate
 from shared.service import serve
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (UnreachableError, dlq_lock.DlqBusyError) as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(EXIT_UNREACHABLE)
-    except (dlq.MissingQueueError, dlq.UnroutableError) as e:
+    except (dlq.MissingQueueError, UnroutableError) as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:

@@ -26,9 +26,12 @@ import asyncpg
 import structlog
 
 from services.ingest.webhook import Webhook
-from shared.broker import BlockedError, Broker, Outgoing, publish_error
+from shared.alarms import BlockedError
+from shared.broker import Broker
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
+from shared.outgoing import Outgoing
+from shared.publish_together import publish_error
 from shared.queries import inbox as inbox_sql
 from shared.tasks import cancel_and_wait
 from shared.topology import routing_key

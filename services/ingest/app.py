@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from services.ingest.accept import Acceptor, AcceptorConfig
-from services.ingest.handlers import ACCEPTOR, METRICS, SETTINGS, receive_webhook
+from services.ingest.endpoint import ACCEPTOR, METRICS, SETTINGS, receive_webhook
 from services.ingest.sweeper import SWEEP_AFTER_S, Sweeper
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings

@@ -49,7 +49,7 @@ class RejectedWebhookError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class WebhookHeaders:
     """The identifying headers of one delivery attempt."""
 
     event_id: str
@@ -67,7 +67,7 @@ class Webhook:
     body: bytes
 
 
-def read_delivery(headers: Mapping[str, str]) -> Delivery:
+def read_headers(headers: Mapping[str, str]) -> WebhookHeaders:
     event_id = headers.get(ID_HEADER, "").strip()
     timestamp = headers.get(TIMESTAMP_HEADER, "").strip()
     if not event_id:
@@ -78,11 +78,15 @@ def read_delivery(headers: Mapping[str, str]) -> Delivery:
         raise MalformedWebhookError(f"missing {TIMESTAMP_HEADER} header")
     if not _INTEGER.fullmatch(timestamp):
         raise MalformedWebhookError(f"{TIMESTAMP_HEADER} must be Unix seconds")
-    return Delivery(event_id, timestamp, headers.get(SIGNATURE_HEADER, ""))
+    return WebhookHeaders(event_id, timestamp, headers.get(SIGNATURE_HEADER, ""))
 
 
 def authenticate(
-    delivery: Delivery, body: bytes, secrets: tuple[bytes, ...], now_s: float, tolerance_s: int
+    delivery: WebhookHeaders,
+    body: bytes,
+    secrets: tuple[bytes, ...],
+    now_s: float,
+    tolerance_s: int,
 ) -> Signed:
     """Which secret signed the delivery and how far its timestamp is from `now_s`; raise
     RejectedWebhookError unless the signature matches and the timestamp is fresh.
@@ -104,7 +108,7 @@ def authenticate(
     return signed
 
 
-def parse_body(delivery: Delivery, body: bytes) -> Webhook:
+def parse_body(delivery: WebhookHeaders, body: bytes) -> Webhook:
     try:
         payload: Any = orjson.loads(body)
     except orjson.JSONDecodeError:

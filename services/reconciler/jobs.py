@@ -20,10 +20,11 @@ import asyncpg
 import orjson
 import structlog
 
-from shared.broker import Broker, Outgoing
+from shared.broker import Broker
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ReconcilerMetrics
 from shared.order_machine import OrderState, agrees, decide
+from shared.outgoing import Outgoing
 from shared.queries import orders as orders_sql
 from shared.queries import retention as retention_sql
 from shared.xhub import PROVIDER, STATUS_CHANGED
@@ -53,7 +54,7 @@ _PUBLISH_TIMEOUT_S = 5.0
 
 def synthetic_event(payment: ProviderPayment, checked_at: datetime) -> tuple[str, bytes]:
     """The event id and body of the provider's current status as a webhook would carry it,
-    with the time it was asked for (services/orders/domain.py D11).
+    with the time it was asked for (shared/order_machine.py, D11).
 
     The id is deterministic for one question: published twice (a retry), the orders worker's
     processed_events key applies it once. A later question is a new event: the answer may

@@ -1,7 +1,7 @@
 """The simulator's fake X-Hub payments API: `GET /payments/{id}` with a Bearer key.
 
 The simulator owns the state (`PaymentBook`); the app only reads it. Answers have the shape
-`shared.provider` parses: payment_id, status, amount, currency, updated_at (ISO 8601, UTC).
+`shared.xhub.client` parses: payment_id, status, amount, currency, updated_at (ISO 8601, UTC).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class Result(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Webhook:
+class SimWebhook:
     """One event as X-Hub sends it: the id stays the same across attempts and duplicates."""
 
     event_id: str
@@ -147,7 +147,7 @@ class Deliverer:
     def breaker(self, merchant_id: str) -> CircuitBreaker:
         return self.breakers.setdefault(merchant_id, CircuitBreaker())
 
-    async def deliver(self, webhook: Webhook, copy: int = 0) -> DeliveryRecord:
+    async def deliver(self, webhook: SimWebhook, copy: int = 0) -> DeliveryRecord:
         """Run one delivery to its end (DELIVERED or FAILED), as long as that takes."""
         record = DeliveryRecord(
             event_id=webhook.event_id,

@@ -80,7 +80,7 @@ def _flows(raw: str) -> dict[str, float]:
 
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
-    """The `payhooks sim` handler (shared.cli's Command signature)."""
+    """The `payhooks sim` handler (services.cli.main's Command signature)."""
     if not settings.webhook_secrets or not settings.xhub_api_key:
         _err("payhooks sim: XHUB_WEBHOOK_SECRETS and XHUB_API_KEY are required")
         return EXIT_USAGE

@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from services.sim.api import PaymentBook
-from services.sim.deliverer import Deliverer, DeliveryRecord, Result, Webhook
+from services.sim.deliverer import Deliverer, DeliveryRecord, Result, SimWebhook
 from shared.db import Executor
 from shared.queries import orders as orders_sql
 from shared.xhub.events import status_changed
@@ -74,7 +74,7 @@ class SimPayment:
     currency: str
     flow: str
     statuses: tuple[str, ...]  # in provider time order
-    events: tuple[Webhook, ...]  # one per status, same order
+    events: tuple[SimWebhook, ...]  # one per status, same order
     lost: bool
     reordered: bool
 
@@ -90,7 +90,7 @@ class SimPayment:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     payments: tuple[SimPayment, ...]
-    sends: tuple[tuple[Webhook, int], ...]  # (webhook, copy number) in send order
+    sends: tuple[tuple[SimWebhook, int], ...]  # (webhook, copy number) in send order
 
 
 def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
@@ -101,14 +101,14 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
     names = [name for name, weight in config.flows.items() if weight > 0]
     weights = [config.flows[name] for name in names]
     payments: list[SimPayment] = []
-    streams: list[list[Webhook]] = []
+    streams: list[list[SimWebhook]] = []
     for n in range(config.payments):
         flow = rng.choices(names, weights)[0]
         payment_id = f"{config.prefix}_{run}_{n:05d}"
         merchant_id = f"merchant_{n % config.merchants}"
         statuses = FLOWS[flow]
         events = tuple(
-            Webhook(
+            SimWebhook(
                 event_id=f"evt_{payment_id}_{i}_{status}",
                 merchant_id=merchant_id,
                 payload=status_changed(
@@ -146,10 +146,10 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
     return Plan(payments=tuple(payments), sends=_with_duplicates(rng, sends, config))
 
 
-def _interleave(rng: random.Random, streams: list[list[Webhook]]) -> list[Webhook]:
+def _interleave(rng: random.Random, streams: list[list[SimWebhook]]) -> list[SimWebhook]:
     """Merge the payments' streams at random, keeping each stream's own order."""
     pending = [list(reversed(s)) for s in streams if s]
-    merged: list[Webhook] = []
+    merged: list[SimWebhook] = []
     while pending:
         i = rng.randrange(len(pending))
         merged.append(pending[i].pop())
@@ -160,8 +160,8 @@ def _interleave(rng: random.Random, streams: list[list[Webhook]]) -> list[Webhoo
 
 
 def _with_duplicates(
-    rng: random.Random, sends: list[Webhook], config: ScenarioConfig
-) -> tuple[tuple[Webhook, int], ...]:
+    rng: random.Random, sends: list[SimWebhook], config: ScenarioConfig
+) -> tuple[tuple[SimWebhook, int], ...]:
     """Each event is sent again with probability duplicate_rate, somewhere after itself.
 
     Linear: the copy of the send at position i gets a random place in (i, n], and everything
@@ -212,7 +212,7 @@ async def deliver(plan: Plan, deliverer: Deliverer) -> list[DeliveryRecord]:
     return records
 
 
-def lost_record(webhook: Webhook) -> DeliveryRecord:
+def lost_record(webhook: SimWebhook) -> DeliveryRecord:
     """The record of a webhook the provider never sent (a lost one)."""
     return DeliveryRecord(
         event_id=webhook.event_id,

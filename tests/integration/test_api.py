@@ -11,8 +11,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
 
+from services.api import order_routes
 from services.api.app import create_app
-from shared import support
 from shared.config import Settings
 
 TOKEN = {"Authorization": "Bearer test-admin-token"}
@@ -173,7 +173,7 @@ async def test_an_unexpected_error_is_a_logged_json_500(
     async def broken(conn: Any, user_id: str) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(support, "user_bonus", broken)
+    monkeypatch.setattr(order_routes, "user_bonus", broken)
 
     with capture_logs() as logs:
         response = await api.get("/api/users/u1/bonus", headers=TOKEN)

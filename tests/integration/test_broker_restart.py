@@ -18,7 +18,7 @@ import aio_pika
 import pytest
 
 from shared import broker as broker_module
-from shared import worker as worker_module
+from shared import consumer as consumer_module
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology
@@ -131,7 +131,7 @@ async def test_a_connection_that_never_comes_back_is_replaced_and_consumed_again
     `make chaos`). Such a connection is what a closed one looks like: the broker starts
     afresh, and the workers consume on the new connection."""
     monkeypatch.setattr(broker_module, "_STUCK_AFTER_S", 2.0)
-    monkeypatch.setattr(worker_module, "_RECONSUME_AFTER_S", 2.0)
+    monkeypatch.setattr(consumer_module, "_RECONSUME_AFTER_S", 2.0)
     sink, port = smtp
     system = await start_system(
         aiohttp_client, system_settings(make_settings, port), amqp, topology

@@ -19,6 +19,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, DeliveryMode
 
 from shared import dlq
+from shared.dlq_moves import Selection, UnroutableError, purge, requeue
 from shared.topology import DELIVERY_LIMIT, Topology, WorkQueue
 from shared.vocabulary import (
     ATTEMPTS,
@@ -318,7 +319,7 @@ def selection(filled: Filled, spec: dict[str, Any]) -> dict[str, Any]:
     """Matcher arguments with letter names turned into that letter's ids and times."""
     args = dict(spec)
     if "ids" in args:
-        args["ids"] = [letter_named(filled, n).id for n in args["ids"]]
+        args["ids"] = tuple(letter_named(filled, n).id for n in args["ids"])
     if "payment_id" in args:
         args["payment_id"] = letter_named(filled, args["payment_id"]).payment_id
     for key in ("since", "until"):
@@ -339,7 +340,7 @@ async def test_requeue_moves_exactly_the_selected_messages_to_their_original_que
     moved = [letter_named(filled, n) for n in expected]
     kept = [x for x in filled.all if x not in moved]
 
-    result = await dlq.requeue(channel, orders.dlq, dlq.matcher(**args), ids=args.get("ids", ()))
+    result = await requeue(channel, orders.dlq, Selection(**args))
 
     assert [d.id for d in result.requeued] == [x.id for x in moved]
     assert result.not_found == []
@@ -362,7 +363,7 @@ async def test_requeue_moves_exactly_the_selected_messages_to_their_original_que
 async def test_requeue_limit_moves_only_the_first_matching_messages(
     channel: AbstractChannel, orders: WorkQueue, filled: Filled
 ) -> None:
-    result = await dlq.requeue(channel, orders.dlq, dlq.matcher(reason="unknown_payment"), limit=2)
+    result = await requeue(channel, orders.dlq, Selection(reason="unknown_payment"), limit=2)
 
     assert [d.id for d in result.requeued] == [filled.a.id, filled.c.id]
     expected = {
@@ -375,7 +376,7 @@ async def test_requeue_limit_moves_only_the_first_matching_messages(
 async def test_dry_run_reports_what_would_move_and_moves_nothing(
     channel: AbstractChannel, orders: WorkQueue, filled: Filled
 ) -> None:
-    result = await dlq.requeue(channel, orders.dlq, dlq.matcher(everything=True), dry_run=True)
+    result = await requeue(channel, orders.dlq, Selection(everything=True), dry_run=True)
 
     assert result.dry_run
     assert [d.id for d in result.requeued] == [x.id for x in filled.all]
@@ -389,9 +390,7 @@ async def test_requeue_by_id_reports_ids_that_are_not_in_the_dlq(
     letter = Letter()
     await put_dead_letters(channel, orders, [letter])
 
-    result = await dlq.requeue(
-        channel, orders.dlq, dlq.matcher(ids=[letter.id, "evt_gone"]), ids=[letter.id, "evt_gone"]
-    )
+    result = await requeue(channel, orders.dlq, Selection(ids=(letter.id, "evt_gone")))
 
     assert [d.id for d in result.requeued] == [letter.id]
     assert result.not_found == ["evt_gone"]
@@ -412,7 +411,7 @@ async def test_requeue_by_event_id_does_not_report_that_id_not_found(
     await channel.default_exchange.publish(message, bonuses.dlq, mandatory=True)
     wanted = [event_id, "evt_gone"]
 
-    result = await dlq.requeue(channel, bonuses.dlq, dlq.matcher(ids=wanted), ids=wanted)
+    result = await requeue(channel, bonuses.dlq, Selection(ids=tuple(wanted)))
 
     assert [d.id for d in result.requeued] == [f"{event_id}:order.paid"]
     assert result.not_found == ["evt_gone"]
@@ -424,7 +423,7 @@ async def test_no_selection_requeues_nothing(channel: AbstractChannel, orders: W
     letters = [Letter(), Letter()]
     await put_dead_letters(channel, orders, letters)
 
-    result = await dlq.requeue(channel, orders.dlq, dlq.matcher())
+    result = await requeue(channel, orders.dlq, Selection())
 
     assert result.requeued == []
     expected = {orders.dlq: [x.id for x in letters], orders.name: []}
@@ -437,7 +436,7 @@ async def test_requeue_counts_every_requeue_in_a_header(
     letter = Letter(requeued=1)  # it was requeued once before and died again
     await put_dead_letters(channel, orders, [letter])
 
-    await dlq.requeue(channel, orders.dlq, dlq.matcher(everything=True))
+    await requeue(channel, orders.dlq, Selection(everything=True))
 
     [message] = await eventually(
         lambda: contents(channel, orders.name), lambda messages: len(messages) == 1
@@ -495,7 +494,7 @@ async def test_failure_mid_requeue_leaves_every_message_somewhere(
     monkeypatch.setattr(owner, method, fail_on_call(2, getattr(owner, method)))
 
     with pytest.raises(InjectedCrashError):
-        await dlq.requeue(requeue_channel, orders.dlq, dlq.matcher(everything=True))
+        await requeue(requeue_channel, orders.dlq, Selection(everything=True))
     monkeypatch.undo()
     await requeue_channel.close()
 
@@ -527,8 +526,8 @@ async def test_requeue_to_a_queue_that_no_longer_exists_keeps_the_message_in_the
         requeue_channel = await connection.channel(
             publisher_confirms=True, on_return_raises=on_return_raises
         )
-        with pytest.raises(dlq.UnroutableError, match=f"{orders.name}-retired"):
-            await dlq.requeue(requeue_channel, orders.dlq, dlq.matcher(everything=True))
+        with pytest.raises(UnroutableError, match=f"{orders.name}-retired"):
+            await requeue(requeue_channel, orders.dlq, Selection(everything=True))
 
     expected = {orders.dlq: [stranded.id, kept.id], orders.name: []}
     assert await queue_ids(channel, expected) == expected
@@ -540,7 +539,7 @@ async def test_requeue_to_a_queue_that_no_longer_exists_keeps_the_message_in_the
 async def test_purge_returns_every_message_it_removed_and_empties_the_dlq(
     channel: AbstractChannel, orders: WorkQueue, filled: Filled
 ) -> None:
-    removed = await dlq.purge(channel, orders.dlq)
+    removed = await purge(channel, orders.dlq)
 
     assert [d.id for d in removed] == [x.id for x in filled.all]
     assert [d.reason for d in removed] == [x.reason for x in filled.all]

@@ -17,6 +17,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from shared import dlq, dlq_lock
+from shared.dlq_moves import Selection, purge, requeue
 from shared.topology import Topology, WorkQueue, lock_of
 from tests.conftest import CONNECT_TIMEOUT_S, TEST_AMQP_URL
 from tests.helpers import eventually
@@ -100,7 +101,7 @@ async def test_requeue_all_moves_every_message_while_other_connections_show_and_
         topology,
         orders.dlq,
         readers,
-        dlq.requeue(operator, orders.dlq, dlq.matcher(everything=True)),
+        requeue(operator, orders.dlq, Selection(everything=True)),
     )
 
     assert len(result.requeued) == COUNT
@@ -121,7 +122,7 @@ async def test_purge_removes_every_message_while_other_connections_show_and_coun
     operator = await (await connect()).channel()
 
     removed, seen = await while_others_read(
-        channel, topology, orders.dlq, readers, dlq.purge(operator, orders.dlq)
+        channel, topology, orders.dlq, readers, purge(operator, orders.dlq)
     )
 
     assert sorted(d.id for d in removed) == sorted(dead)
@@ -148,7 +149,7 @@ async def test_readers_sharing_a_connection_take_turns_too(
         topology,
         orders.dlq,
         readers,
-        dlq.requeue(operator, orders.dlq, dlq.matcher(everything=True)),
+        requeue(operator, orders.dlq, Selection(everything=True)),
     )
 
     assert len(result.requeued) == len(dead)

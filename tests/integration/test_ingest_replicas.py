@@ -17,9 +17,9 @@ import asyncpg
 from aiohttp.test_utils import TestClient
 
 from services.ingest.app import create_app
-from shared import support
 from shared.broker import BROKER
 from shared.config import Settings
+from shared.payment_view import payment_view
 from shared.queries import inbox as inbox_sql
 from shared.topology import Topology
 from tests.conftest import TEST_SECRETS
@@ -138,7 +138,7 @@ async def test_the_payment_view_tells_a_stored_event_from_a_published_one(db: An
     await db.execute("UPDATE inbox SET payment_id = 'pay_view' WHERE event_id = $1", event_id)
 
     async def event() -> dict[str, Any]:
-        view = await support.payment_view(db, "pay_view", [])
+        view = await payment_view(db, "pay_view", [])
         assert view is not None
         [only] = view["events"]
         return {k: only[k] for k in ("published", "outcome")}

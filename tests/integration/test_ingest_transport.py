@@ -24,7 +24,7 @@ import pytest
 from aiohttp import http_parser, web, web_protocol
 from structlog.testing import capture_logs
 
-from services.ingest import handlers
+from services.ingest import endpoint
 from services.ingest.app import create_app
 from shared.broker import BROKER
 from shared.config import Settings
@@ -222,7 +222,7 @@ async def test_the_answer_budget_runs_from_the_arrival_of_the_request(
     rest of the budget: with PostgreSQL stalled, the 503 comes one budget after the request's
     first byte, not one budget after its last."""
     budget_s = 2.5
-    monkeypatch.setattr(handlers, "ACCEPT_BUDGET_S", budget_s)
+    monkeypatch.setattr(endpoint, "ACCEPT_BUDGET_S", budget_s)
     app = create_app(make_settings(DATABASE_URL=via(make_settings().database_url, pg_proxy)))
     port = await serve(app)
     body, headers = delivery(payment_event(), SECRET)

@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.api.app import create_app as api_app
 from services.ingest.accept import outgoing
-from shared.broker import BROKER, to_message
+from shared.broker import BROKER
 from shared.config import Settings
+from shared.outgoing import to_message
 from shared.queries import outbox as outbox_sql
 from shared.topology import Topology
 from tests.conftest import SmtpSink

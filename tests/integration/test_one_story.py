@@ -27,12 +27,12 @@ from services.bonuses.handler import make_handler as bonus_handler
 from services.email.handler import make_handler as email_handler
 from services.email.sender import SmtpSender, SmtpUnavailableError
 from services.sim.summary import actual_effects, story_problems
-from shared import support
 from shared.batches import Delivery, Handler, one_by_one
 from shared.bonus_rules import Transition, entries_for
 from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
+from shared.payment_view import payment_view
 from shared.queries import orders as orders_sql
 from shared.vocabulary import EARNING, REFUNDED_EMAIL, SUCCEEDED_EMAIL
 from tests.conftest import SmtpSink, smtp_server
@@ -226,7 +226,7 @@ async def test_refund_reversal_refund_nets_zero_with_a_ledger_row_per_transition
     await workers.email(message(payment_id, 0, "PENDING", "PAID"))
     await assert_one_story(db, smtp[0], payment_id, statuses)
     # SPEC 5 and 7: the payment view shows the skipped email, and each ledger row's transition.
-    view = await support.payment_view(db, payment_id, [])
+    view = await payment_view(db, payment_id, [])
     assert view is not None
     emails = {e["template"]: e for e in view["emails"]}
     assert (emails[SUCCEEDED_EMAIL]["skipped"], emails[SUCCEEDED_EMAIL]["sent_at"]) == (True, None)

@@ -17,7 +17,7 @@ from services.reconciler.jobs import BATCH, reconcile_once
 from services.sim import run as sim_run
 from services.sim import scenario
 from services.sim.api import PaymentBook, start_api
-from services.sim.deliverer import Deliverer, Result, Webhook
+from services.sim.deliverer import Deliverer, Result, SimWebhook
 from services.sim.delivery_rules import FailReason
 from services.sim.summary import actual_effects, mismatches, summarize
 from shared.broker import Broker
@@ -245,7 +245,7 @@ async def _deliver_to(
     app = web.Application()
     app.router.add_post("/webhooks/xhub", flaky.handle)
     server = await aiohttp_server(app)
-    webhook = Webhook(
+    webhook = SimWebhook(
         event_id="evt_1",
         merchant_id="m",
         payload={"event": "payment.status_changed", "payment_id": "p1", "status": status},

@@ -23,8 +23,9 @@ from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
 
 from services.api.app import create_app
-from shared.broker import BROKER, Broker, Outgoing, to_message
+from shared.broker import BROKER, Broker
 from shared.config import Settings
+from shared.outgoing import Outgoing, to_message
 from shared.topology import (
     UNROUTED_ARGS,
     UNROUTED_MAX_MESSAGES,

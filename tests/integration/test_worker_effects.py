@@ -27,11 +27,12 @@ from services.ingest.accept import outgoing
 from services.orders.handler import make_handler as orders_handler
 from services.sim.summary import expected_final_status
 from shared.batches import BatchHandler, Delivery, Handler, Result, one_by_one
-from shared.broker import Broker, to_message
+from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
 from shared.outbox import OutboxRelay
+from shared.outgoing import to_message
 from shared.topology import Topology, declare
 from shared.vocabulary import OrderStatus
 from shared.worker import Worker

@@ -1,4 +1,4 @@
-"""The bonus ledger's rule (services/bonuses/domain.py): the entries a history calls for."""
+"""The bonus ledger's rule (shared/bonus_rules.py): the entries a history calls for."""
 
 from __future__ import annotations
 

@@ -10,14 +10,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from services.ingest.webhook import (
-    Delivery,
     MalformedWebhookError,
     RejectedWebhookError,
     Signed,
     Webhook,
+    WebhookHeaders,
     authenticate,
     parse_body,
-    read_delivery,
+    read_headers,
     storable_headers,
 )
 from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
@@ -40,18 +40,18 @@ def headers_for(
 
 def receive(headers: dict[str, str], body: bytes, secrets: tuple[bytes, ...] = SECRETS) -> Webhook:
     """The whole no-I/O path the handler runs, in the handler's order."""
-    delivery = read_delivery(headers)
+    delivery = read_headers(headers)
     authenticate(delivery, body, secrets, NOW_S, TOLERANCE_S)
     return parse_body(delivery, body)
 
 
-# read_delivery
+# read_headers
 
 
 def test_delivery_headers_are_read_and_trimmed() -> None:
-    delivery = read_delivery({ID_HEADER: " evt_1 ", TIMESTAMP_HEADER: " 1700000000 "})
+    delivery = read_headers({ID_HEADER: " evt_1 ", TIMESTAMP_HEADER: " 1700000000 "})
 
-    assert delivery == Delivery("evt_1", "1700000000", "")
+    assert delivery == WebhookHeaders("evt_1", "1700000000", "")
 
 
 @pytest.mark.parametrize(
@@ -72,11 +72,11 @@ def test_delivery_headers_are_read_and_trimmed() -> None:
 )
 def test_malformed_delivery_headers_are_rejected(headers: dict[str, str], reason: str) -> None:
     with pytest.raises(MalformedWebhookError, match=reason):
-        read_delivery(headers)
+        read_headers(headers)
 
 
 def test_event_id_of_255_characters_is_accepted() -> None:
-    delivery = read_delivery({ID_HEADER: "x" * 255, TIMESTAMP_HEADER: "1"})
+    delivery = read_headers({ID_HEADER: "x" * 255, TIMESTAMP_HEADER: "1"})
 
     assert delivery.event_id == "x" * 255
 
@@ -85,13 +85,13 @@ def test_event_id_of_255_characters_is_accepted() -> None:
 
 
 def test_signed_fresh_delivery_authenticates() -> None:
-    delivery = read_delivery(headers_for(BODY))
+    delivery = read_headers(headers_for(BODY))
 
     assert authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S) == Signed(0, 0)
 
 
 def test_delivery_signed_with_the_previous_secret_authenticates() -> None:
-    delivery = read_delivery(headers_for(BODY, secret=OLD_SECRET))
+    delivery = read_headers(headers_for(BODY, secret=OLD_SECRET))
 
     assert authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S).secret_index == 1
 
@@ -99,7 +99,7 @@ def test_delivery_signed_with_the_previous_secret_authenticates() -> None:
 @pytest.mark.parametrize("skew_s", [-TOLERANCE_S + 1, -7, 0, 42, TOLERANCE_S - 1])
 def test_clock_skew_is_our_clock_minus_the_timestamp(skew_s: int) -> None:
     """Positive: the delivery's timestamp lies in our past (our clock is ahead)."""
-    delivery = read_delivery(headers_for(BODY, timestamp=NOW_S - skew_s))
+    delivery = read_headers(headers_for(BODY, timestamp=NOW_S - skew_s))
 
     assert authenticate(delivery, BODY, SECRETS, NOW_S + 0.25, TOLERANCE_S) == Signed(
         0, skew_s + 0.25
@@ -107,7 +107,7 @@ def test_clock_skew_is_our_clock_minus_the_timestamp(skew_s: int) -> None:
 
 
 def test_delivery_signed_with_a_removed_secret_is_rejected() -> None:
-    delivery = read_delivery(headers_for(BODY, secret=OLD_SECRET))
+    delivery = read_headers(headers_for(BODY, secret=OLD_SECRET))
 
     with pytest.raises(RejectedWebhookError) as raised:
         authenticate(delivery, BODY, (SECRET,), NOW_S, TOLERANCE_S)
@@ -119,12 +119,12 @@ def test_missing_signature_is_rejected_as_invalid_signature() -> None:
     del headers[SIGNATURE_HEADER]
 
     with pytest.raises(RejectedWebhookError, match=f"missing {SIGNATURE_HEADER}") as raised:
-        authenticate(read_delivery(headers), BODY, SECRETS, NOW_S, TOLERANCE_S)
+        authenticate(read_headers(headers), BODY, SECRETS, NOW_S, TOLERANCE_S)
     assert raised.value.outcome == "invalid_signature"
 
 
 def test_signature_of_another_body_is_rejected() -> None:
-    delivery = read_delivery(headers_for(BODY))
+    delivery = read_headers(headers_for(BODY))
 
     with pytest.raises(RejectedWebhookError, match="does not match") as raised:
         authenticate(delivery, BODY.replace(b"paid", b"PAID"), SECRETS, NOW_S, TOLERANCE_S)
@@ -135,13 +135,13 @@ def test_signature_rejection_does_not_echo_the_signature() -> None:
     headers = headers_for(BODY, secret=b"attacker")
 
     with pytest.raises(RejectedWebhookError) as raised:
-        authenticate(read_delivery(headers), BODY, SECRETS, NOW_S, TOLERANCE_S)
+        authenticate(read_headers(headers), BODY, SECRETS, NOW_S, TOLERANCE_S)
     assert headers[SIGNATURE_HEADER] not in str(raised.value)
 
 
 @pytest.mark.parametrize("skew_s", [-TOLERANCE_S - 1, TOLERANCE_S + 1, -86_400, 86_400])
 def test_timestamp_outside_tolerance_is_rejected_as_stale(skew_s: int) -> None:
-    delivery = read_delivery(headers_for(BODY, timestamp=NOW_S + skew_s))
+    delivery = read_headers(headers_for(BODY, timestamp=NOW_S + skew_s))
 
     with pytest.raises(RejectedWebhookError) as raised:
         authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
@@ -151,7 +151,7 @@ def test_timestamp_outside_tolerance_is_rejected_as_stale(skew_s: int) -> None:
 
 
 def test_stale_delivery_signed_with_the_previous_secret_says_so() -> None:
-    delivery = read_delivery(headers_for(BODY, secret=OLD_SECRET, timestamp=NOW_S - 1000))
+    delivery = read_headers(headers_for(BODY, secret=OLD_SECRET, timestamp=NOW_S - 1000))
 
     with pytest.raises(RejectedWebhookError) as raised:
         authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
@@ -170,7 +170,7 @@ def test_numeric_timestamp_far_from_now_is_stale_not_malformed(timestamp: str) -
     headers[SIGNATURE_HEADER] = sign(SECRET, timestamp, BODY)
 
     with pytest.raises(RejectedWebhookError) as raised:
-        authenticate(read_delivery(headers), BODY, SECRETS, NOW_S, TOLERANCE_S)
+        authenticate(read_headers(headers), BODY, SECRETS, NOW_S, TOLERANCE_S)
     assert raised.value.outcome == "stale"
     assert raised.value.signed is not None
     assert raised.value.signed.secret_index == 0
@@ -185,27 +185,27 @@ def test_non_numeric_timestamp_is_malformed(timestamp: str) -> None:
     headers = headers_for(BODY) | {TIMESTAMP_HEADER: timestamp}
 
     with pytest.raises(MalformedWebhookError, match=r"Unix seconds|missing"):
-        read_delivery(headers)
+        read_headers(headers)
 
 
 def test_payment_id_longer_than_any_order_id_is_no_lookup_key() -> None:
     """Kept in the body, not in the inbox's indexed payment_id column (which cannot hold it)."""
     for payment_id, expected in (("p" * 255, "p" * 255), ("p" * 256, None), ("p" * 8000, None)):
         body = orjson.dumps({"event": "payment.status_changed", "payment_id": payment_id})
-        webhook = parse_body(read_delivery(headers_for(body)), body)
+        webhook = parse_body(read_headers(headers_for(body)), body)
         assert webhook.payment_id == expected
         assert webhook.body == body
 
 
 @pytest.mark.parametrize("skew_s", [-TOLERANCE_S, TOLERANCE_S, 0])
 def test_timestamp_at_the_tolerance_edge_is_accepted(skew_s: int) -> None:
-    delivery = read_delivery(headers_for(BODY, timestamp=NOW_S + skew_s))
+    delivery = read_headers(headers_for(BODY, timestamp=NOW_S + skew_s))
 
     authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
 
 
 def test_bad_signature_wins_over_stale_timestamp() -> None:
-    delivery = read_delivery(headers_for(BODY, secret=b"attacker", timestamp=NOW_S - 10_000))
+    delivery = read_headers(headers_for(BODY, secret=b"attacker", timestamp=NOW_S - 10_000))
 
     with pytest.raises(RejectedWebhookError) as raised:
         authenticate(delivery, BODY, SECRETS, NOW_S, TOLERANCE_S)
@@ -236,7 +236,7 @@ def test_bad_signature_wins_over_stale_timestamp() -> None:
     ],
 )
 def test_malformed_body_is_rejected(body: bytes, reason: str) -> None:
-    delivery = Delivery("evt_1", str(NOW_S), "")
+    delivery = WebhookHeaders("evt_1", str(NOW_S), "")
 
     with pytest.raises(MalformedWebhookError, match=reason):
         parse_body(delivery, body)
@@ -245,7 +245,7 @@ def test_malformed_body_is_rejected(body: bytes, reason: str) -> None:
 def test_parsed_webhook_keeps_the_exact_raw_body() -> None:
     body = b'{ "event" : "refund.completed",\n "refund_id": "r1", "payment_id": "pay_9" }'
 
-    webhook = parse_body(Delivery("evt_9", str(NOW_S), ""), body)
+    webhook = parse_body(WebhookHeaders("evt_9", str(NOW_S), ""), body)
 
     assert webhook == Webhook("evt_9", "refund.completed", "pay_9", body)
 
@@ -259,11 +259,14 @@ def test_payment_id_is_kept_when_it_is_a_string_or_integer(
 ) -> None:
     body = orjson.dumps({"event": "payment.status_changed", "payment_id": payment_id})
 
-    assert parse_body(Delivery("e", "1", ""), body).payment_id == expected
+    assert parse_body(WebhookHeaders("e", "1", ""), body).payment_id == expected
 
 
 def test_payment_id_absent_is_none() -> None:
-    assert parse_body(Delivery("e", "1", ""), b'{"event": "kyc.status_changed"}').payment_id is None
+    assert (
+        parse_body(WebhookHeaders("e", "1", ""), b'{"event": "kyc.status_changed"}').payment_id
+        is None
+    )
 
 
 # storable_headers
@@ -305,7 +308,7 @@ def test_random_deliveries_are_rejected_with_a_reason(headers: dict[str, str], b
 @given(headers=st.dictionaries(header_names, st.text()))
 def test_read_delivery_returns_valid_headers_or_says_malformed(headers: dict[str, str]) -> None:
     try:
-        delivery = read_delivery(headers)
+        delivery = read_headers(headers)
     except MalformedWebhookError:
         return
     assert 1 <= len(delivery.event_id) <= 255

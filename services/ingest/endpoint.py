@@ -19,7 +19,7 @@ from services.ingest.webhook import (
     Webhook,
     authenticate,
     parse_body,
-    read_delivery,
+    read_headers,
     storable_headers,
 )
 from shared.config import Settings
@@ -96,7 +96,7 @@ async def _answer(request: web.Request, deadline: float) -> _Answer:
     """The answer to one delivery; `deadline` (event loop time) ends the answer budget."""
     settings = request.app[SETTINGS]
     try:
-        delivery = read_delivery(request.headers)
+        delivery = read_headers(request.headers)
         body = await read_body(request)
         signed = authenticate(
             delivery,

@@ -9,7 +9,7 @@ import orjson
 
 from shared.db import Executor
 from shared.dlq import DeadLetter
-from shared.orders import order_json
+from shared.order_input import order_json
 from shared.queries import emails as emails_sql
 from shared.queries import inbox as inbox_sql
 from shared.queries import ledger as ledger_sql

@@ -1,29 +1,19 @@
-"""Operator and shop API handlers (JSON everywhere)."""
+"""Order, payment and bonus routes: the shop registers orders, support looks at payments."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import orjson
 from aiohttp import web
 
-from services.api.dlq_access import DlqAccess
-from shared import dlq, dlq_lock, support
+from services.api.dlq_access import DLQ_ACCESS
+from services.api.responses import json_error, json_response
+from shared import dlq, dlq_lock
 from shared.db import DB_POOL
 from shared.errors import UnavailableError
 from shared.http_limits import read_body
-from shared.orders import OrderValidationError, order_json, parse_new_order
+from shared.order_input import OrderValidationError, order_json, parse_new_order
+from shared.payment_view import payment_view, user_bonus
 from shared.queries import orders as orders_sql
-
-DLQ_ACCESS = web.AppKey("dlq_access", DlqAccess)
-
-
-def json_response(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
-
-
-def json_error(status: int, message: str, **extra: Any) -> web.Response:
-    return json_response({"error": message, **extra}, status=status)
 
 
 async def register_order(request: web.Request) -> web.Response:
@@ -58,18 +48,13 @@ async def get_payment(request: web.Request) -> web.Response:
     missing: str | None = None
     try:
         async with access.channel() as channel:
-            for queue in dlq.QUEUES:
-                letters.extend(
-                    await dlq.show(
-                        channel,
-                        dlq.dlq_name(access.topology, queue),
-                        lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S,
-                    )
-                )
+            letters = await dlq.dead_letters_for_payment(
+                channel, access.topology, payment_id, lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S
+            )
     except (UnavailableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
         # The database holds most of the answer: give it, and say what is missing.
         missing = str(e)
-    view = await support.payment_view(request.app[DB_POOL], payment_id, letters)
+    view = await payment_view(request.app[DB_POOL], payment_id, letters)
     if view is None:
         return json_error(404, "payment not found")
     if missing is not None:
@@ -78,6 +63,4 @@ async def get_payment(request: web.Request) -> web.Response:
 
 
 async def get_user_bonus(request: web.Request) -> web.Response:
-    return json_response(
-        await support.user_bonus(request.app[DB_POOL], request.match_info["user_id"])
-    )
+    return json_response(await user_bonus(request.app[DB_POOL], request.match_info["user_id"]))

@@ -1,0 +1,142 @@
+"""One consumer on a queue that outlives broker outages: aio-pika's robust channel restores
+it, and a consumer not back _RECONSUME_AFTER_S after the broker is ready again is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import aio_pika
+import aiormq
+import structlog
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
+
+from shared.broker import Broker
+from shared.tasks import cancel_and_wait
+
+log = structlog.get_logger(__name__)
+
+_START_TIMEOUT_S = 10.0
+_START_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+_WATCH_INTERVAL_S = 2.0
+# After the broker is ready again, how long the robust channel gets to restore the consumer.
+_RECONSUME_AFTER_S = 20.0
+
+
+class Consumer:
+    def __init__(
+        self,
+        name: str,
+        broker: Broker,
+        queue: str,
+        prefetch: int,
+        on_message: Callable[[AbstractIncomingMessage], Awaitable[None]],
+    ) -> None:
+        self.name = name
+        self._broker = broker
+        self._queue = queue
+        self._prefetch = prefetch
+        self._on_message = on_message
+        self._channel: AbstractRobustChannel | None = None
+        self._consumer_tag: str | None = None
+        self._consuming: aio_pika.abc.AbstractQueue | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"{self.name}-consumer")
+
+    async def stop(self) -> None:
+        """No more messages (those delivered stay the caller's until close())."""
+        if self._task is not None and not self._task.done():
+            await cancel_and_wait(self._task)
+        if self._consuming is not None and self._consumer_tag is not None:
+            with contextlib.suppress(Exception):
+                await self._consuming.cancel(self._consumer_tag)
+
+    async def close(self) -> None:
+        """Close the channel: what is still unacknowledged goes back to the queue."""
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+
+    async def _run(self) -> None:
+        """Consume, then watch: the robust channel restores the consumer after an outage; if
+        it has not come back _RECONSUME_AFTER_S after the broker is ready again (the broker
+        replaced a connection that never recovered), consume on a new channel."""
+        await self._broker.wait_connected(timeout_s=float("inf"))
+        await self._consume_until_done()
+        loop = asyncio.get_running_loop()
+        lost_since: float | None = None
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            try:
+                live = await self.consuming()
+            except Exception as e:  # the watch must outlive whatever the channel raises
+                log.warning("worker.consumer_check_failed", worker=self.name, error=repr(e))
+                live = False
+            if live or not self._broker.is_ready:
+                lost_since = None  # counted from when the broker is ready again
+                continue
+            lost_since = lost_since or loop.time()
+            if loop.time() - lost_since >= _RECONSUME_AFTER_S:
+                log.error("worker.consuming_afresh", worker=self.name, queue=self._queue)
+                await self._drop_channel()
+                await self._consume_until_done()
+                lost_since = None
+
+    async def _consume_until_done(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                await self._consume()
+                return
+            except Exception as e:  # aio-pika raises RuntimeError ("closed") too
+                # The broker went away between connecting and consuming: try again.
+                delay = _START_BACKOFF_S[min(attempt, len(_START_BACKOFF_S) - 1)]
+                attempt += 1
+                log.warning(
+                    "worker.consume_failed", worker=self.name, error=repr(e), retry_in_s=delay
+                )
+                await self._drop_channel()
+                await asyncio.sleep(delay)
+
+    async def _drop_channel(self) -> None:
+        """Close the channel (a closed robust channel is not restored any more)."""
+        channel, self._channel, self._consumer_tag = self._channel, None, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_START_TIMEOUT_S):
+                    await channel.close()
+
+    async def _consume(self) -> None:
+        async with asyncio.timeout(_START_TIMEOUT_S):
+            channel = await self._broker.connection.channel()
+            self._channel = channel
+            await channel.set_qos(prefetch_count=self._prefetch)
+            # declare_queue, not get_queue(ensure=False): only a queue the robust channel
+            # declared itself is restored with its consumer when the connection comes back.
+            # The queue taken the other way was never re-consumed after a broker restart.
+            queue = await channel.declare_queue(self._queue, passive=True)
+            self._consuming = queue
+            self._consumer_tag = await queue.consume(self._on_message)
+        log.info("worker.consuming", worker=self.name, queue=self._queue)
+
+    async def consuming(self) -> bool:
+        """Whether this worker has a live consumer on its queue right now (readiness): false
+        while the broker is away, while the channel is being restored, and after RabbitMQ
+        cancelled the consumer until it is registered again."""
+        channel, tag = self._channel, self._consumer_tag
+        if channel is None or tag is None or channel.is_closed or not self._broker.is_ready:
+            return False
+        try:
+            async with asyncio.timeout(1.0):  # a robust channel waits while it reconnects
+                underlay = await channel.get_underlay_channel()
+        except (TimeoutError, aiormq.exceptions.AMQPError):
+            return False
+        # aiormq drops a consumer from `consumers` when RabbitMQ cancels it (basic.cancel).
+        return (
+            isinstance(underlay, aiormq.Channel)
+            and not underlay.is_closed
+            and tag in underlay.consumers
+        )
