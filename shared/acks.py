@@ -1,11 +1,5 @@
-"""Which deliveries of a channel one `basic.ack(multiple=True)` may settle.
-
-Batches finish out of order, and a multiple-ack settles every unacked delivery up to its tag,
-so it may only go as far as the lowest delivery still being worked on. The window lists a
-channel's delivery tags in the order they arrived (RabbitMQ numbers them upwards per
-channel); a tag is open until its batch is done with it, settled either by the next
-multiple-ack or on its own (a message sent to a retry queue or the DLQ is acked alone).
-"""
+"""Which deliveries of a channel one `basic.ack(multiple=True)` may settle: batches finish out
+of order, so a multiple-ack may only go as far as the lowest delivery still being worked on."""
 
 from __future__ import annotations
 
@@ -15,6 +9,10 @@ _OPEN, _TO_ACK, _SETTLED = 0, 1, 2
 
 
 class AckWindow:
+    """A channel's delivery tags in the order they arrived (RabbitMQ numbers them upwards per
+    channel); a tag is open until its batch is done with it, then settled either by the next
+    multiple-ack or on its own (a message sent to a retry queue or the DLQ is acked alone)."""
+
     def __init__(self) -> None:
         self._tags: deque[int] = deque()
         self._state: dict[int, int] = {}

@@ -1,13 +1,6 @@
-"""How a worker's handler takes a batch of deliveries.
-
-`apply_batch` (and `in_one_transaction`, the handler made of it): the batch's messages are
-applied in one transaction in a fixed order (the handler's `sort_key`, a payment id) so that
-two batches taking the same rows never deadlock. When a message fails, the transaction is
-rolled back and the batch applied again without it, a savepoint per message that time (two
-round trips per message, paid only by a batch that had a failure); each failed message is
-routed on its own (retry ladder, DLQ). A failure of the database itself (connection,
-deadlock, timeout) fails the whole batch: nothing was applied, every message is retried.
-"""
+"""How a worker's handler takes a batch: one transaction in a fixed order (no deadlock between
+batches), again with a savepoint per message after a failure, the failed one routed alone;
+a failure of the database itself fails the whole batch (nothing applied, all retried)."""
 
 from __future__ import annotations
 
@@ -77,7 +70,8 @@ async def apply_batch(
     """Apply the batch in one transaction (see above) and commit: the outcome or exception of
     each delivery and the steps committed. `before_commit` runs last in the transaction and
     answers the steps it failed (they leave the committed ones). Raises what failed the
-    database (connection, commit, deadlock): then nothing was applied."""
+    database (connection, commit, deadlock): then nothing was applied. The savepoints cost
+    two round trips per message, paid only by a batch that had a failure."""
     try:
         return await _attempt(pool, deliveries, handle, sort_key, before_commit, without=None)
     except _WithoutIt as failed:  # rare: again, a savepoint per message this time

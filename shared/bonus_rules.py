@@ -1,12 +1,6 @@
-"""Bonus rules as data: the ledger entries an order's transition history calls for. No I/O.
-
-The ledger tells the order's history (SPEC 5). Walking the transitions in the order the
-orders worker made them: the first move into PAID or SETTLED earns a `grant`; a move out of
-them takes the points back (`clawback`); a move back into them after that gives them again
-(`restore`). Each entry belongs to the transition that caused it, so whatever order the
-`order.*` messages reach the worker in, replaying the history committed so far adds exactly
-the entries still missing: net per payment = BONUS_POINTS while PAID/SETTLED, else 0.
-"""
+"""Bonus rules as data: the ledger entries an order's transition history calls for (a grant on
+the first move into PAID/SETTLED, a clawback on each move out, a restore on each move back).
+No I/O."""
 
 from __future__ import annotations
 
@@ -40,7 +34,9 @@ class Entry:
 
 
 def entries_for(history: Iterable[Transition]) -> list[Entry]:
-    """The ledger of an order whose transitions, oldest first, are `history`."""
+    """The ledger of an order whose transitions, oldest first, are `history`. Each entry
+    belongs to the transition that caused it, so replaying the history committed so far adds
+    exactly the entries still missing: net BONUS_POINTS while PAID/SETTLED, else 0."""
     entries = []
     granted = holding = False
     for transition in history:

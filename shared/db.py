@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 import orjson
@@ -22,6 +22,8 @@ COMMAND_TIMEOUT_S = 5.0
 POOL_CLOSE_S = 5.0
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 DB_POOL = web.AppKey("db_pool", asyncpg.Pool)
 
@@ -119,3 +121,16 @@ def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], Asy
             yield
 
     return ctx
+
+
+async def retry_deadlock(statement: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
+    """Run a statement again when PostgreSQL broke a deadlock by aborting it (it was rolled
+    back as a whole, so running it again is safe)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await statement()
+        except asyncpg.DeadlockDetectedError:
+            if attempt == attempts:
+                raise
+            log.info("db.deadlock_retried", attempt=attempt)
+    raise AssertionError("unreachable")  # the loop either returns or raises

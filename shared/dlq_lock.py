@@ -1,7 +1,6 @@
-"""One reader of a DLQ at a time, across every process: show, list, requeue and purge each
-hold the exclusive queue `<dlq>.lock` while they read. A reader that holds messages
-unacknowledged hides them from every other reader, so without this a requeue or purge could
-handle part of a DLQ and report success."""
+"""One reader of a DLQ at a time, across every process: a reader holds the exclusive queue
+`<dlq>.lock`, because messages one reader holds unacknowledged are hidden from every other,
+and a requeue or purge would handle part of the DLQ and report success."""
 
 from __future__ import annotations
 

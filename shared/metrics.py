@@ -1,10 +1,6 @@
-"""Prometheus metrics: one dataclass per service kind, each on a registry made at startup.
-
-Every metric name payhooks exports is spelled in this file (SPEC section 9, the alerts in
-deploy/prometheus and the Grafana dashboard query them). A labelled counter exports each of its
-known label values at 0 from the start, so `rate()` and alerts see a series before the first
-event.
-"""
+"""Prometheus metrics: one dataclass per service kind, every metric name payhooks exports
+spelled here; a labelled counter exports its known label values at 0 from the start, so
+`rate()` and alerts see a series before the first event."""
 
 from __future__ import annotations
 

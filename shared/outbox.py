@@ -1,10 +1,6 @@
-"""The outbox relay: publishes domain events committed with their transition, oldest first.
-
-A transition and its event are written in one transaction; this relay then publishes the
-event with a confirm and marks it. A crash between commit and publish leaves the row
-unpublished, and the next pass (this process after restart, or another replica) publishes it.
-A crash between the confirm and the mark publishes it twice: consumers dedup by message id.
-"""
+"""The outbox relay: publishes `order.*` rows committed with their transition, oldest first,
+with confirms, then marks them. A crash before the mark publishes a row twice (consumers
+dedup by message id); never zero times."""
 
 from __future__ import annotations
 
@@ -17,6 +13,7 @@ import structlog
 from shared.broker import Broker
 from shared.outgoing import Outgoing
 from shared.queries import outbox as outbox_sql
+from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
 
@@ -38,18 +35,11 @@ class OutboxRelay:
         self._wakeup.set()
 
     async def run_forever(self) -> None:
-        while True:
-            try:
-                while await self.relay_once() == _BATCH:
-                    pass  # a full batch went out: more may be waiting
-            except Exception as e:  # the relay must outlive any outage; rows wait in the table
-                log.warning("outbox.relay_failed", error=repr(e))
-            self._wakeup.clear()
-            try:
-                async with asyncio.timeout(self._poll_interval_s):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                pass
+        await keep_running(self._drain, self._poll_interval_s, "outbox.relay_failed", self._wakeup)
+
+    async def _drain(self) -> None:
+        while await self.relay_once() == _BATCH:
+            pass  # a full batch went out: more may be waiting
 
     async def relay_once(self) -> int:
         """Publish one batch of unpublished rows; return how many were confirmed."""

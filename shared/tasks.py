@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -38,3 +38,27 @@ async def background(coro: Coroutine[Any, Any, Any], name: str) -> AsyncIterator
         yield task
     finally:
         await cancel_and_wait(task)
+
+
+async def keep_running(
+    step: Callable[[], Awaitable[object]],
+    interval_s: float,
+    failed_event: str,
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Run `step` for ever: again `interval_s` after each run, or as soon as `wake` is set.
+    A step that raises is logged (`failed_event`) and tried again next time: the loop
+    outlives every outage of what the step uses."""
+    while True:
+        if wake is not None:
+            wake.clear()  # before the step: a wake-up during it runs the next one at once
+        try:
+            await step()
+        except Exception as e:
+            log.warning(failed_event, error=repr(e))
+        if wake is None:
+            await asyncio.sleep(interval_s)
+            continue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval_s):
+                await wake.wait()

@@ -1,16 +1,6 @@
-"""RabbitMQ topology as data: the only module that spells exchange and queue names.
-
-One topic exchange carries every event (routing key = event type). Its alternate exchange
-feeds `unrouted`, so a published message is never silently dropped. Each work queue has a
-retry queue per step of RETRY_DELAYS (a fixed per-queue TTL dead-letters the message back to
-the work queue when it expires) and its own DLQ. All queues are quorum queues; dead-lettering
-from them is at-least-once (RabbitMQ >= 3.10, needs `x-overflow: reject-publish`).
-
-`unrouted` has no consumer, so it is bounded instead: UNROUTED_TTL_S, UNROUTED_MAX_MESSAGES and
-UNROUTED_MAX_BYTES, dropping its oldest message beyond them (every event in it is also kept in
-the inbox for RETENTION_DAYS). A deployment whose `unrouted` predates the bound keeps working
-with it unbounded, and says so at every start (README "RabbitMQ topology", the upgrade).
-"""
+"""RabbitMQ topology as data, the only module that spells exchange and queue names: one topic
+exchange (routing key = event type) whose alternate exchange feeds `unrouted`, and per work
+queue its retry queues (one per RETRY_DELAYS step) and its DLQ, all quorum queues."""
 
 from __future__ import annotations
 
@@ -59,6 +49,7 @@ UNROUTED_ARGS: dict[str, Any] = {
     "x-overflow": "drop-head",
 }
 
+# Dead-lettering from a quorum queue is at-least-once only with reject-publish (RabbitMQ 3.10+).
 _QUORUM_DLX_ARGS = {
     "x-dead-letter-strategy": "at-least-once",
     "x-overflow": "reject-publish",

@@ -9,16 +9,14 @@ import contextlib
 import datetime as dt
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
 
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
-from aiohttp import web
 
 from shared import failures
 from shared.acks import AckWindow
 from shared.batches import BatchHandler, Delivery, Result
-from shared.broker import BROKER, Broker
+from shared.broker import Broker
 from shared.consumer import Consumer
 from shared.errors import PermanentError, TransientError
 from shared.metrics import WorkerMetrics
@@ -26,15 +24,11 @@ from shared.outgoing import persistent_copy
 from shared.tasks import cancel_and_wait
 from shared.topology import WorkQueue
 from shared.vocabulary import ATTEMPTS, LAST_ERROR
-from shared.web import READINESS_CHECKS
 
 log = structlog.get_logger(__name__)
 
 _PUBLISH_TIMEOUT_S = 5.0
 
-# Database connections per worker process; PostgreSQL's default of 100 connections must fit
-# every replica of every service.
-POOL_SIZE = 10
 # Messages per batch at most, and batches in progress at once (each holds a connection).
 BATCH_SIZE = 50
 BATCHERS = 3
@@ -246,38 +240,3 @@ def _delivery(message: AbstractIncomingMessage) -> Delivery:
 
 def _closed(channel: object) -> bool:
     return bool(getattr(channel, "is_closed", True))
-
-
-def worker_ctx(
-    name: str,
-    queue: WorkQueue,
-    make_handler: Callable[[web.Application], BatchHandler],
-    metrics: WorkerMetrics,
-    *,
-    batch_size: int = BATCH_SIZE,
-    batchers: int = BATCHERS,
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A cleanup context that consumes `queue` with the handler built from the app."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        worker = Worker(
-            name,
-            app[BROKER],
-            queue,
-            make_handler(app),
-            metrics,
-            batch_size=batch_size,
-            batchers=batchers,
-        )
-
-        async def consumer() -> bool:
-            return await worker.consuming()
-
-        app[READINESS_CHECKS].append(consumer)
-        worker.start()
-        try:
-            yield
-        finally:
-            await worker.stop()
-
-    return ctx

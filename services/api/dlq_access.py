@@ -1,10 +1,5 @@
-"""DLQ operations from the api process: each on a channel of its own.
-
-The channel is closed at the end, so if the operation dies half-way RabbitMQ hands back
-whatever it still held. One reader at a time per DLQ, across requests, the monitor and the
-other api replicas, is shared/dlq.py's lock. A broker that is down or goes away mid-way is
-UnavailableError (503).
-"""
+"""DLQ operations from the api process, each on a channel of its own, closed at the end (what
+an operation that died half-way held goes back); a broker that is down is UnavailableError."""
 
 from __future__ import annotations
 

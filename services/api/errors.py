@@ -1,9 +1,6 @@
-"""The api's error middleware: every failure answers JSON (SPEC section 7), never text.
-
-HTTP errors keep their status (and Allow for a 405); a broker or database that is down or a
-DLQ another reader holds is 503 with Retry-After; a body that does not arrive in time is 408
-(and the connection closed); anything unexpected is a logged 500.
-"""
+"""The api's error middleware: every failure answers JSON (SPEC section 7). HTTP errors keep
+their status (and Allow); a dependency down or a DLQ another reader holds is 503 with
+Retry-After; a body that does not arrive in time is 408; anything unexpected a logged 500."""
 
 from __future__ import annotations
 

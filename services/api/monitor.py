@@ -3,7 +3,6 @@ undecided orders as gauges."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import asyncpg
@@ -15,6 +14,7 @@ from shared.metrics import QueueMetrics
 from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
+from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
 
@@ -53,9 +53,4 @@ async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetr
 async def run_forever(
     pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetrics, interval_s: float
 ) -> None:
-    while True:
-        try:
-            await refresh(pool, access, metrics)
-        except Exception as e:  # the gauges go stale; the next round tries again
-            log.warning("monitor.failed", error=repr(e))
-        await asyncio.sleep(interval_s)
+    await keep_running(lambda: refresh(pool, access, metrics), interval_s, "monitor.failed")

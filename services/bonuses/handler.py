@@ -1,11 +1,6 @@
-"""One order transition: bring the payment's bonus ledger in line with its order's history.
-
-Whichever transition the message names, the handler replays every transition committed so
-far (shared/bonus_rules.py) and adds the entries still missing, each unique on its
-transition: messages reordered, repeated or handled by two workers at once add each entry
-once, and no lock is needed (the history only grows at its end). A batch of messages is
-applied in one transaction (shared/batches.py).
-"""
+"""One order transition: the payment's bonus ledger brought in line with its order's history,
+replayed from the committed transitions (shared/bonus_rules.py), each entry unique on its
+transition: reordered, repeated or concurrent messages add each entry once, with no lock."""
 
 from __future__ import annotations
 

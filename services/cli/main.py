@@ -1,9 +1,6 @@
 """The `payhooks` console script: run a service, migrate, and the operator commands.
-
-Exit codes: 0 ok, 1 nothing matched, 2 usage or configuration (a queue that does not exist,
-a requeue to a queue that is gone), 3 PostgreSQL or RabbitMQ unreachable, or the DLQ busy
-with another operator command or api replica, 4 conflicting order.
-"""
+Exit codes: 0 ok, 1 nothing matched, 2 usage or configuration, 3 PostgreSQL or RabbitMQ
+unreachable (or the DLQ busy with another reader), 4 conflicting order."""
 
 from __future__ import annotations
 

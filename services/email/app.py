@@ -8,14 +8,11 @@ from aiohttp import web
 
 from services.email.handler import WORKER, make_handler
 from services.email.sender import SmtpSender
-from shared.broker import broker_ctx
 from shared.config import Settings
-from shared.db import DB_POOL, pool_ctx
+from shared.db import DB_POOL
 from shared.metrics import EmailMetrics, WorkerMetrics
 from shared.service import Service
-from shared.topology import build_topology
-from shared.web import base_app
-from shared.worker import POOL_SIZE, worker_ctx
+from shared.worker_app import worker_app
 
 SENDER = web.AppKey("smtp_sender", SmtpSender)
 
@@ -31,28 +28,21 @@ def create_app(
 ) -> web.Application:
     metrics = WorkerMetrics.create(WORKER)
     email_metrics = EmailMetrics.create(metrics.registry)
-    app = base_app(metrics.registry)
-    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
-    app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=POOL_SIZE))
-    app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
 
     async def sender_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SENDER] = SmtpSender(settings.smtp_host, settings.smtp_port)
         yield
         await app[SENDER].close()
 
-    app.cleanup_ctx.append(sender_ctx)
-    app.cleanup_ctx.append(
-        worker_ctx(
-            WORKER,
-            topology.work_queue("emails"),
-            lambda app: make_handler(app[DB_POOL], app[SENDER], settings.email_from, email_metrics),
-            metrics,
-            batch_size=batch_size,
-            batchers=batchers,
-        )
+    return worker_app(
+        settings,
+        metrics,
+        "emails",
+        lambda app: make_handler(app[DB_POOL], app[SENDER], settings.email_from, email_metrics),
+        contexts=[sender_ctx],
+        batch_size=batch_size,
+        batchers=batchers,
     )
-    return app
 
 
 SERVICE = Service("email", create_app, lambda s: s.email_port)

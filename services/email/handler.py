@@ -1,18 +1,6 @@
-"""One order transition: send its customer email, at most once per (payment, template).
-
-A payment's emails are decided and sent one at a time (a lock per payment), and a success
-email whose payment already has its refund email is not sent but recorded as skipped: a
-customer never reads "payment received" after "payment refunded" (SPEC 5).
-
-A batch of messages is decided in one transaction (shared/batches.py), its emails are sent
-before the commit (a payment's in the order decided, payments concurrently), and the claims
-of the ones that failed to send are taken back before it. The commit follows the SMTP
-server's acceptance. If PostgreSQL goes away between the two (the commit
-fails), the row is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
-database outage does not resend. A crash of the process in that window is the one case that
-resends: the redelivered message finds no row and sends again — with the same deterministic
-Message-ID, which mail systems dedup.
-"""
+"""One order transition: its customer email, at most once per (payment, template), and never
+a success email after the refund one (SPEC 5): recorded skipped instead. Sent before the
+batch commits; the one resend window is in make_handler's docstring."""
 
 from __future__ import annotations
 
@@ -65,7 +53,12 @@ def make_handler(
     """A batch's emails are decided in one transaction (payments in id order, each payment
     locked), then sent (a payment's emails one after the other in the order decided,
     different payments concurrently), then committed together; the record of an email whose
-    send failed is taken back before the commit."""
+    send failed is taken back before the commit.
+
+    The commit follows the SMTP server's acceptance. If PostgreSQL goes away between the two,
+    the record is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
+    database outage does not resend. A crash of the process in that window is the one case
+    that resends, with the same deterministic Message-ID, which mail systems dedup."""
 
     async def decide(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
         """Claim the email (or record it skipped) under the payment's lock; an email to send

@@ -1,8 +1,5 @@
-"""Sending mail: a Sender protocol and its SMTP adapter (aiosmtplib).
-
-The adapter keeps a few SMTP connections open and reuses them: a new connection per message
-(connect, EHLO, ..., QUIT) costs more than the message itself at any real rate.
-"""
+"""Sending mail: a Sender protocol and its SMTP adapter (aiosmtplib), which keeps a few
+connections open and reuses them (a connection per message costs more than the message)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,16 @@
-"""The accept path: store and publish webhooks in shared batches, answer after the confirm.
-
-Concurrent requests hand their webhook to one Acceptor and wait. While `max_in_flight`
-batches are busy, newcomers queue up and leave together in the next batch (up to
-`max_pending` wait; beyond that, or while RabbitMQ blocks publishers, a request is refused at
-once). A batch is one INSERT (new events stored, copies counted) and one burst of publishes
-whose confirms are awaited together; each request is answered when its event is stored and
-some publish of it is confirmed. Publishing is at least once: consumers dedup by message id,
-so a copy of an event stored but never confirmed simply publishes it again. Within this
-process a copy rides on a publish of the same event still in flight (one message for
-concurrent copies); the row is marked published after its confirm, and the sweeper
-publishes rows whose confirm never came (a crash or outage between commit and confirm).
-"""
+"""The accept path: concurrent webhooks stored in one INSERT per batch, their publishes sent
+together, each request answered at a confirm of its event (at least once: a copy of an event
+never confirmed publishes it again; the sweeper publishes what no confirm reached)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import structlog
@@ -28,6 +18,7 @@ import structlog
 from services.ingest.webhook import Webhook
 from shared.alarms import BlockedError
 from shared.broker import Broker
+from shared.db import retry_deadlock
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
 from shared.outgoing import Outgoing
@@ -47,10 +38,6 @@ CONFIRM_MEMORY_S = 10.0
 # A publish of this process still unconfirmed after this long is not waited for by copies:
 # they publish again (a lost confirm must not keep an event at 503 for good).
 STALE_PUBLISH_S = 30.0
-# Statements PostgreSQL aborts to break a deadlock are run again this many times in all.
-_DEADLOCK_ATTEMPTS = 3
-
-T = TypeVar("T")
 
 
 class UnstorableWebhookError(PermanentError):
@@ -267,7 +254,7 @@ class Acceptor:
         await asyncio.sleep(MARK_WINDOW_S)
         ids, self._to_mark = sorted(self._to_mark), []
         try:
-            await _retry_deadlock(lambda: inbox_sql.mark_published_lazily(self._pool, ids))
+            await retry_deadlock(lambda: inbox_sql.mark_published_lazily(self._pool, ids))
         except Exception as e:  # the rows stay unpublished: the sweeper publishes them again
             log.warning("ingest.mark_failed", rows=len(ids), error=repr(e))
 
@@ -276,7 +263,7 @@ class Acceptor:
         itself, store one by one so a single unstorable event can't fail its neighbours;
         the ones it refuses alone are left out of the answer."""
         try:
-            rows = await _retry_deadlock(
+            rows = await retry_deadlock(
                 lambda: inbox_sql.store_batch(self._pool, PROVIDER, entries)
             )
         except (asyncpg.DataError, asyncpg.ProgramLimitExceededError):
@@ -293,21 +280,6 @@ class Acceptor:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-async def _retry_deadlock(
-    statement: Callable[[], Awaitable[T]], attempts: int = _DEADLOCK_ATTEMPTS
-) -> T:
-    """Run a statement again when PostgreSQL broke a deadlock by aborting it (it was rolled
-    back as a whole, so running it again is safe)."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return await statement()
-        except asyncpg.DeadlockDetectedError:
-            if attempt == attempts:
-                raise
-            log.info("ingest.deadlock_retried", attempt=attempt)
-    raise AssertionError("unreachable")  # the loop either returns or raises
 
 
 def _answer(items: list[_Item], inserted: bool) -> None:

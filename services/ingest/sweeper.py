@@ -1,14 +1,9 @@
-"""The sweeper: publishes stored webhooks whose publish was never confirmed.
-
-A row stays unpublished when the process crashed or the broker failed between the commit and
-the confirm, and no copy came since to publish it again. The sweeper locks such rows (SKIP
-LOCKED) for one transaction, publishes them and marks the confirmed ones, so several ingest
-replicas sweep side by side without publishing a row twice in the same round.
-"""
+"""The sweeper: publishes stored webhooks no confirm reached (a crash or outage between commit
+and confirm, and no copy since), rows locked SKIP LOCKED for one transaction, so several
+ingest replicas sweep side by side."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import asyncpg
@@ -18,6 +13,7 @@ from services.ingest.accept import outgoing
 from shared.broker import Broker
 from shared.metrics import IngestMetrics
 from shared.queries import inbox as inbox_sql
+from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
 
@@ -46,13 +42,11 @@ class Sweeper:
         self._batch = batch
 
     async def run_forever(self) -> None:
-        while True:
-            try:
-                while await self.sweep_once() == self._batch:
-                    pass  # a full batch all published: there may be more waiting
-            except Exception as e:  # the sweeper must outlive any outage
-                log.warning("sweeper.failed", error=repr(e))
-            await asyncio.sleep(self._interval_s)
+        await keep_running(self._drain, self._interval_s, "sweeper.failed")
+
+    async def _drain(self) -> None:
+        while await self.sweep_once() == self._batch:
+            pass  # a full batch all published: there may be more waiting
 
     async def sweep_once(self) -> int:
         """Publish one batch of stranded rows; return how many were confirmed."""

@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
 import asyncpg
 import structlog
 from aiohttp import web
 
-from services.reconciler.jobs import BATCH, housekeeping_once, reconcile_once
+from services.reconciler.jobs import Reconciler
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import CONNECT_TIMEOUT_S, DB_POOL, pool_ctx, probe
 from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
 from shared.queries.orders import UNDECIDED_CHANNEL
 from shared.service import Service
-from shared.tasks import background
+from shared.tasks import background, keep_running
 from shared.topology import build_topology
 from shared.web import base_app
 from shared.xhub.client import ProviderClient
@@ -67,34 +66,9 @@ def create_app(settings: Settings) -> web.Application:
 
         async def run() -> None:
             await app[BROKER].wait_connected(float("inf"))
-            swept = float("-inf")
-            while True:
-                wake.clear()
-                started = time.monotonic()
-                try:
-                    # Full batches: more may be waiting. A pass ends after one interval, so a
-                    # backlog bigger than the provider's rate limit can't starve housekeeping.
-                    while (
-                        await reconcile_once(
-                            app[DB_POOL],
-                            app[BROKER],
-                            client,
-                            metrics,
-                            after_s=settings.reconcile_after_s,
-                            again_after_s=settings.reconcile_interval_s,
-                        )
-                        == BATCH
-                        and time.monotonic() - started < settings.reconcile_interval_s
-                    ):
-                        pass
-                    if started - swept >= settings.reconcile_interval_s:
-                        await housekeeping_once(app[DB_POOL], settings.retention_days)
-                        swept = started
-                except Exception as e:  # a pass may fail; the reconciler never does
-                    log.warning("reconcile.pass_failed", error=repr(e))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(settings.reconcile_interval_s):
-                        await wake.wait()
+            reconciler = Reconciler(app[DB_POOL], app[BROKER], client, metrics, settings)
+            interval_s = settings.reconcile_interval_s
+            await keep_running(reconciler.run_pass, interval_s, "reconcile.pass_failed", wake)
 
         try:
             async with (

@@ -1,14 +1,6 @@
-"""One reconciliation pass and one housekeeping pass (the reconciler's loop runs both).
-
-Webhooks are the fast path, not the source of truth. Orders still unresolved (PENDING,
-AMOUNT_MISMATCH; PAID, not yet settled; REFUNDED, whose reversal may be lost) some time after
-their last change, and at once those with an event the state machine could not decide, are
-checked against the provider's API; where the provider knows more, a synthetic
-`payment.status_changed` (marked `"source": "reconciliation"`, with the provider's
-`updated_at` and the `checked_at` of the question) goes through the orders queue, so the same
-state machine, idempotency keys and effects apply, and a late real webhook changes nothing
-twice. An undecided order the provider's answer agrees with is decided again.
-"""
+"""Reconciliation and housekeeping passes. Orders unresolved some time after their last change,
+or with an undecided event, are checked against the provider's API; where it knows more, a
+synthetic `payment.status_changed` goes through the orders queue like a webhook (D11)."""
 
 from __future__ import annotations
 
@@ -21,6 +13,7 @@ import orjson
 import structlog
 
 from shared.broker import Broker
+from shared.config import Settings
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ReconcilerMetrics
 from shared.order_machine import OrderState, agrees, decide
@@ -28,13 +21,9 @@ from shared.outgoing import Outgoing
 from shared.queries import orders as orders_sql
 from shared.queries import retention as retention_sql
 from shared.xhub import PROVIDER, STATUS_CHANGED
-from shared.xhub.client import (
-    PaymentNotFoundError,
-    ProviderAuthError,
-    ProviderClient,
-    ProviderPayment,
-)
+from shared.xhub.client import PaymentNotFoundError, ProviderAuthError, ProviderClient
 from shared.xhub.events import ProviderEvent, status_changed
+from shared.xhub.payments import ProviderPayment
 
 log = structlog.get_logger(__name__)
 
@@ -204,3 +193,43 @@ async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dic
             at=datetime.now(UTC).isoformat(),
         )
     return deleted
+
+
+class Reconciler:
+    """The reconciler's passes: stale orders checked batch by batch, then housekeeping."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        broker: Broker,
+        client: ProviderClient,
+        metrics: ReconcilerMetrics,
+        settings: Settings,
+    ) -> None:
+        self._pool, self._broker, self._client, self._metrics = pool, broker, client, metrics
+        self._after_s = settings.reconcile_after_s
+        self._interval_s = settings.reconcile_interval_s
+        self._retention_days = settings.retention_days
+        self._swept = float("-inf")
+
+    async def run_pass(self) -> None:
+        """Full batches mean more may be waiting; a pass still ends after one interval, so a
+        backlog bigger than the provider's rate limit can't starve housekeeping (once an
+        interval)."""
+        started = time.monotonic()
+        while (
+            await reconcile_once(
+                self._pool,
+                self._broker,
+                self._client,
+                self._metrics,
+                after_s=self._after_s,
+                again_after_s=self._interval_s,
+            )
+            == BATCH
+            and time.monotonic() - started < self._interval_s
+        ):
+            pass
+        if started - self._swept >= self._interval_s:
+            await housekeeping_once(self._pool, self._retention_days)
+            self._swept = started

@@ -1,8 +1,5 @@
-"""The simulator's fake X-Hub payments API: `GET /payments/{id}` with a Bearer key.
-
-The simulator owns the state (`PaymentBook`); the app only reads it. Answers have the shape
-`shared.xhub.client` parses: payment_id, status, amount, currency, updated_at (ISO 8601, UTC).
-"""
+"""The simulator's fake X-Hub payments API: `GET /payments/{id}` with a Bearer key, answering
+from the simulator's PaymentBook in the shape shared/xhub/payments.py reads."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The simulator's deliverer: signs webhooks and POSTs them to an ingest URL the way X-Hub does.
-
-Every decision comes from `delivery_rules`: the fast ladder (5xx/429/network/timeout), the slow
-ladder (other 4xx on money events), immediate FAILED for a non-money 4xx, the per-merchant
-circuit breaker. The rules run on a simulated clock, `(real seconds since start) * time_scale`,
-so every pause (ladders, breaker holds) lasts `delay / time_scale` real seconds. The per-attempt
-HTTP timeout (10 s) is real time: it bounds a real request, and is not scaled.
-"""
+"""The simulator's deliverer: signs webhooks and POSTs them the way X-Hub does, every decision
+from delivery_rules on a simulated clock (real seconds * time_scale); the 10 s HTTP timeout
+of an attempt stays real time."""
 
 from __future__ import annotations
 

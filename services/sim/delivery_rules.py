@@ -1,9 +1,6 @@
-"""X-Hub's delivery contract (seed 000, "Доставка уведомлений") as pure rules.
-
-No I/O and no clock: every "now" is a float of seconds on a monotonic-style scale passed in by
-the caller, so a simulator (or a test) can compress hours into nothing. The R-tags name the
-decisions where the seed is silent (README, "The X-Hub simulator").
-"""
+"""X-Hub's delivery contract (seed 000, "Доставка уведомлений") as pure rules, on a clock the
+caller passes in (a simulator or a test compresses hours into nothing). The R-tags name the
+decisions where the seed is silent (README, "The X-Hub simulator")."""
 
 from __future__ import annotations
 

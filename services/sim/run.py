@@ -1,10 +1,6 @@
-"""`payhooks sim` / `python -m services.sim`: run a scenario against a running payhooks.
-
-Serves the fake payments API (for the reconciler: point XHUB_API_URL at it, same XHUB_API_KEY),
-registers the scenario's orders in DATABASE_URL, delivers the webhooks signed with the first
-XHUB_WEBHOOK_SECRETS secret to --ingest-url, prints the summary, then keeps the API up for
---linger seconds so reconciliation can repair the lost payments.
-"""
+"""`payhooks sim`: serve the fake payments API, register the scenario's orders, deliver its
+signed webhooks to --ingest-url, print the summary (and with --check compare it with the
+database), then keep the API up for --linger seconds so the reconciler can repair."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""Scenario generator and runner: N payments with a mix of flows, sent as X-Hub would.
-
-Flows (payment.status_changed statuses, in provider time order):
-  paid      paid
-  settled   paid -> settled
-  refunded  paid -> refunded
-  expired   expired
-Knobs: duplicate rate (an event is sent again, same X-Webhook-Id, later in the stream),
-reorder rate (a payment's events are sent newest first), concurrency (requests in flight) and
-lost rate (the API knows the payment's final status, but none of its webhooks is ever sent, so
-only reconciliation can bring the order there).
-
-Orders are registered straight in PostgreSQL with `shared.queries.orders.register_order` (the same
-idempotent insert `payhooks order add` and POST /api/orders use), before any webhook is sent.
-"""
+"""The simulator's scenario: N payments with a mix of flows (FLOWS), sent as X-Hub would, with
+duplicates (same X-Webhook-Id, later), reordering (newest first) and lost payments (only the
+API knows them: reconciliation must bring the order there)."""
 
 from __future__ import annotations
 
@@ -22,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Final
+from typing import Final
 
 from services.sim.api import PaymentBook
 from services.sim.deliverer import Deliverer, DeliveryRecord, Result, SimWebhook
@@ -222,16 +210,3 @@ def lost_record(webhook: SimWebhook) -> DeliveryRecord:
         status=webhook.status,
         result=Result.LOST,
     )
-
-
-def describe(config: ScenarioConfig) -> dict[str, Any]:
-    return {
-        "payments": config.payments,
-        "flows": dict(config.flows),
-        "duplicate_rate": config.duplicate_rate,
-        "reorder_rate": config.reorder_rate,
-        "lost_rate": config.lost_rate,
-        "concurrency": config.concurrency,
-        "merchants": config.merchants,
-        "seed": config.seed,
-    }

@@ -1,15 +1,6 @@
-"""The simulator's summary: what happened to each delivery, and what payhooks should end with.
-
-Per payment, the expected final order status comes from `expected_final_status` over all of
-its statuses (the provider's API holds the last one, so a lost or FAILED delivery is still
-reached by reconciliation). Bonus: BONUS_POINTS while PAID/SETTLED, else 0 (a refund claws a
-grant back). Emails: PAID/SETTLED send payment_succeeded; REFUNDED sends payment_refunded, and
-payment_succeeded too only if the order passed through PAID first, which depends on arrival
-order, so it is listed as *optional* (never for a lost payment: reconciliation jumps straight
-to REFUNDED). Whatever the arrival order, the payment tells one story (`story_problems`, SPEC
-5): its ledger is the one its transitions call for, a success email has a grant, and no
-success email follows the refund email.
-"""
+"""The simulator's summary: what happened to each delivery, what payhooks should end with per
+payment (status, bonus, emails; an email that depends on arrival order is optional), and
+where a payment's ledger and emails tell different stories."""
 
 from __future__ import annotations
 
@@ -56,6 +47,11 @@ class Expectation:
 
 
 def expect(payment: SimPayment, bonus_points: int = BONUS_POINTS) -> Expectation:
+    """The final status over all of the payment's statuses (the provider's API holds the last
+    one: a lost or FAILED delivery is still reached by reconciliation); the bonus while
+    PAID/SETTLED; payment_succeeded for PAID/SETTLED, payment_refunded for REFUNDED plus an
+    optional payment_succeeded (it depends on arrival order; never for a lost payment:
+    reconciliation jumps straight to REFUNDED)."""
     status = expected_final_status(payment.statuses)
     emails: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()

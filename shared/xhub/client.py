@@ -1,36 +1,30 @@
-"""X-Hub API client: `GET /payments/{id}` with timeouts, a shared rate limit, retries and metrics.
-
-Failures are translated at this boundary: 401/403, 404 and bad answers are PermanentErrors;
-5xx, 429, network errors and timeouts are retried, then raised as a TransientError.
-"""
+"""X-Hub API client: `GET /payments/{id}` with timeouts, a shared rate limit, retries and
+metrics; 401/403, 404 and bad answers are PermanentErrors, 5xx, 429, network errors and
+timeouts are retried, then raised as a TransientError."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-import re
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
-from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 from urllib.parse import quote
 
 import aiohttp
-import orjson
 import structlog
 from yarl import URL
 
 from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ProviderMetrics
+from shared.xhub.pacing import RateLimiter, parse_retry_after
+from shared.xhub.payments import ProviderPayment, ProviderResponseError, parse_payment
 
 log = structlog.get_logger(__name__)
 
 _RETRIED_OUTCOMES = frozenset({"server_error", "rate_limited", "network_error", "timeout"})
-_DELAY_SECONDS = re.compile(r"\d+(\.\d+)?")
 
 
 class ProviderAuthError(PermanentError):
@@ -45,10 +39,6 @@ class PaymentNotFoundError(PermanentError):
         self.payment_id = payment_id
 
 
-class ProviderResponseError(PermanentError):
-    """The provider answered something we cannot use: a bad body or an unexpected status."""
-
-
 class ProviderUnavailableError(TransientError):
     """The provider stayed down, slow or rate-limiting through every attempt we could afford."""
 
@@ -56,15 +46,6 @@ class ProviderUnavailableError(TransientError):
         super().__init__(message)
         self.attempts = attempts
         self.last_outcome = last_outcome
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderPayment:
-    payment_id: str
-    status: str
-    amount: Decimal
-    currency: str
-    updated_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,59 +66,6 @@ class ProviderPolicy:
         for name in self.__dataclass_fields__:
             if not getattr(self, name) > 0:
                 raise ValueError(f"ProviderPolicy.{name} must be greater than 0")
-
-
-class RateLimiter:
-    """Token bucket shared by every caller of one client: `rate_per_s` on average, `burst` at once.
-
-    Waiters queue on one lock, so concurrent callers are served in arrival order.
-    """
-
-    def __init__(self, rate_per_s: float, burst: int = 1) -> None:
-        if rate_per_s <= 0 or burst < 1:
-            raise ValueError("rate_per_s must be > 0 and burst >= 1")
-        self._rate = rate_per_s
-        self._burst = float(burst)
-        self._tokens = float(burst)
-        self._updated = time.monotonic()
-        self._held_until = 0.0
-        self._lock = asyncio.Lock()
-
-    def hold(self, seconds: float) -> None:
-        """No token for anyone before `seconds` from now (the provider's Retry-After)."""
-        self._held_until = max(self._held_until, time.monotonic() + seconds)
-
-    def _refill(self) -> None:
-        now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
-        self._updated = now
-
-    async def acquire(self) -> None:
-        async with self._lock:
-            if (held := self._held_until - time.monotonic()) > 0:
-                await asyncio.sleep(held)
-            self._refill()
-            if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) / self._rate)
-                self._refill()
-            # A timer firing a hair early leaves a tiny debt that the next wait pays back.
-            self._tokens -= 1
-
-
-def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds to wait from a `Retry-After` value (delay-seconds or HTTP date); None if unusable."""
-    if value is None:
-        return None
-    value = value.strip()
-    if _DELAY_SECONDS.fullmatch(value):
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # HTTP dates are always GMT
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - now).total_seconds())
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +227,7 @@ class ProviderClient:
 
         if status == 200:
             try:
-                payment = _parse_payment(body, payment_id)
+                payment = parse_payment(body, payment_id)
             except ProviderResponseError:
                 self.metrics.observe("invalid_response", duration_s)
                 raise
@@ -322,49 +250,3 @@ class ProviderClient:
         raise ProviderResponseError(
             f"provider answered HTTP {status} for payment {payment_id!r}; expected 200"
         )
-
-
-def _parse_payment(body: bytes, payment_id: str) -> ProviderPayment:
-    def bad(why: str) -> ProviderResponseError:
-        return ProviderResponseError(f"provider answer for payment {payment_id!r} {why}")
-
-    try:
-        data: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise bad("is not JSON") from None
-    if not isinstance(data, dict):
-        raise bad("is not a JSON object")
-    missing = [
-        key
-        for key in ("payment_id", "status", "amount", "currency", "updated_at")
-        if key not in data
-    ]
-    if missing:
-        raise bad(f"lacks {', '.join(missing)}")
-    if data["payment_id"] != payment_id:
-        raise bad("names another payment")
-    for key in ("status", "currency", "updated_at"):
-        if not isinstance(data[key], str) or not data[key].strip():
-            raise bad(f"has no usable {key}")
-    raw_amount = data["amount"]
-    if isinstance(raw_amount, bool) or not isinstance(raw_amount, str | int | float):
-        raise bad("has a non-numeric amount")
-    try:
-        amount = Decimal(str(raw_amount))
-    except InvalidOperation:
-        raise bad("has a non-numeric amount") from None
-    if not amount.is_finite():
-        raise bad("has a non-numeric amount")
-    try:
-        updated_at = datetime.fromisoformat(data["updated_at"])
-    except ValueError:
-        raise bad("has an updated_at that is not ISO 8601") from None
-    if updated_at.tzinfo is None:
-        raise bad("has an updated_at without a timezone")
-    return ProviderPayment(
-        payment_id=payment_id,
-        status=data["status"],
-        amount=amount,
-        currency=data["currency"],
-        updated_at=updated_at,
-    )

@@ -27,12 +27,11 @@ from shared.xhub.client import (
     PaymentNotFoundError,
     ProviderAuthError,
     ProviderClient,
-    ProviderPayment,
     ProviderPolicy,
-    ProviderResponseError,
     ProviderUnavailableError,
-    parse_retry_after,
 )
+from shared.xhub.pacing import parse_retry_after
+from shared.xhub.payments import ProviderPayment, ProviderResponseError
 
 API_KEY = "sk_live_DO-NOT-LEAK-7f3a9c"
 # Short timeouts and backoffs so every test runs in well under a second unless it measures a wait.
