@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
@@ -12,6 +13,18 @@ T = TypeVar("T")
 
 _NO_SECRETS: tuple[bytes, ...] = ()
 _DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0, 600.0)
+# Secrets that may come from a file instead, NAME_FILE=path (Docker and Kubernetes secrets).
+FILE_VARIABLES = frozenset(
+    {
+        "XHUB_WEBHOOK_SECRETS",
+        "ADMIN_TOKEN",
+        "XHUB_API_KEY",
+        "DATABASE_URL",
+        "AMQP_URL",
+        "SMTP_PASSWORD",
+    }
+)
+LOG_FORMATS = ("json", "console")
 
 
 class ConfigError(Exception):
@@ -19,6 +32,9 @@ class ConfigError(Exception):
 
 
 MIN_RETENTION_DAYS = 35
+# SMTP_TLS: none (plain SMTP, today's local relays), starttls (upgrade, e.g. port 587) or
+# implicit (TLS from the first byte, e.g. port 465).
+SMTP_TLS_MODES = ("none", "starttls", "implicit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +49,11 @@ class Settings:
     smtp_host: str
     smtp_port: int
     email_from: str
+    smtp_username: str | None
+    smtp_password: str | None = field(repr=False)
+    smtp_tls: str  # one of SMTP_TLS_MODES
+    smtp_ca_file: str | None
+    email_templates_dir: str | None
     bonus_points: int
     retry_delays_s: tuple[float, ...]
     reconcile_interval_s: float
@@ -49,6 +70,7 @@ class Settings:
     ingest_tls_key: str | None
     amqp_prefix: str
     log_level: str
+    log_format: str | None  # one of LOG_FORMATS; None: console on a terminal, else json
 
     @classmethod
     def from_env(
@@ -74,6 +96,11 @@ class Settings:
             "smtp_host": reader.text("SMTP_HOST", "127.0.0.1"),
             "smtp_port": reader.parse("SMTP_PORT", 1025, _port),
             "email_from": reader.text("EMAIL_FROM", "payments@payhooks.localhost"),
+            "smtp_username": reader.optional("SMTP_USERNAME"),
+            "smtp_password": reader.optional("SMTP_PASSWORD"),
+            "smtp_tls": reader.parse("SMTP_TLS", "none", _smtp_tls),
+            "smtp_ca_file": reader.parse("SMTP_CA_FILE", None, _ca_file),
+            "email_templates_dir": reader.parse("EMAIL_TEMPLATES_DIR", None, _directory),
             "bonus_points": reader.parse("BONUS_POINTS", 500, _positive_int),
             "retry_delays_s": reader.parse("RETRY_DELAYS", _DEFAULT_RETRY_DELAYS_S, _delays),
             "reconcile_interval_s": reader.parse("RECONCILE_INTERVAL", 60.0, _positive_float),
@@ -90,12 +117,23 @@ class Settings:
             "ingest_tls_key": reader.optional("INGEST_TLS_KEY"),
             "amqp_prefix": reader.text("AMQP_PREFIX", ""),
             "log_level": reader.parse("LOG_LEVEL", "INFO", _log_level),
+            "log_format": reader.parse("LOG_FORMAT", None, _log_format),
         }
         for name in required:
-            if not env.get(name, "").strip() and name not in reader.errors:
+            failed = name in reader.errors or f"{name}_FILE" in reader.errors
+            if not (reader.raw(name) or "").strip() and not failed:
                 reader.errors[name] = "is required"
         if (values["ingest_tls_cert"] is None) != (values["ingest_tls_key"] is None):
             reader.errors["INGEST_TLS_CERT/INGEST_TLS_KEY"] = "must be set together"
+        if (values["smtp_username"] is None) != (values["smtp_password"] is None):
+            reader.errors["SMTP_USERNAME/SMTP_PASSWORD"] = "must be set together"
+        elif (
+            values["smtp_password"]
+            and values["smtp_tls"] == "none"
+            and "SMTP_TLS" not in reader.errors
+        ):
+            # Never send a password in clear: a provider's port 587 wants starttls, 465 implicit.
+            reader.errors["SMTP_TLS"] = "must be starttls or implicit when SMTP_PASSWORD is set"
         if reader.errors:
             problems = "; ".join(f"{name} {why}" for name, why in sorted(reader.errors.items()))
             raise ConfigError(f"invalid configuration: {problems}")
@@ -106,15 +144,46 @@ class Settings:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
 
 
+def is_set(env: Mapping[str, str], name: str) -> bool:
+    """NAME has a value, or (for FILE_VARIABLES) NAME_FILE names a file: what `required` asks."""
+    via_file = name in FILE_VARIABLES and bool(env.get(f"{name}_FILE", "").strip())
+    return bool(env.get(name, "").strip()) or via_file
+
+
 class _Reader:
     """Collects parse errors instead of stopping at the first one."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
         self.errors: dict[str, str] = {}
+        self._raw: dict[str, str | None] = {}
+
+    def raw(self, name: str) -> str | None:
+        """The variable as set, or for FILE_VARIABLES the content of the file NAME_FILE names."""
+        if name not in self._raw:
+            value = self.env.get(name)
+            path = self.env.get(f"{name}_FILE", "").strip() if name in FILE_VARIABLES else ""
+            if path and value is not None and value.strip():
+                self.errors[name] = f"and {name}_FILE are both set: keep one"
+                value = None
+            elif path:
+                value = self._file(f"{name}_FILE", path)
+            self._raw[name] = value
+        return self._raw[name]
+
+    def _file(self, variable: str, path: str) -> str | None:
+        # The reason only: neither the content nor the path (a secret pasted by mistake).
+        try:
+            with open(path, encoding="utf-8") as file:
+                return file.read().removesuffix("\n").removesuffix("\r")
+        except UnicodeDecodeError:
+            self.errors[variable] = "names a file that is not UTF-8 text"
+        except OSError as e:
+            self.errors[variable] = f"names a file that cannot be read ({e.strerror or 'error'})"
+        return None
 
     def text(self, name: str, default: str) -> str:
-        value = self.env.get(name)
+        value = self.raw(name)
         if value is None:
             return default
         if not value.strip() and default:
@@ -122,11 +191,11 @@ class _Reader:
         return value.strip()
 
     def optional(self, name: str) -> str | None:
-        value = self.env.get(name, "").strip()
+        value = (self.raw(name) or "").strip()
         return value or None
 
     def parse(self, name: str, default: T, parser: Callable[[str], T]) -> T:
-        raw = self.env.get(name)
+        raw = self.raw(name)
         if raw is None or raw.strip() == "":
             return default
         try:
@@ -190,6 +259,37 @@ def _secrets(raw: str) -> tuple[bytes, ...]:
     if not secrets:
         raise ValueError("must hold at least one secret")
     return secrets
+
+
+def _smtp_tls(raw: str) -> str:
+    mode = raw.lower()
+    if mode not in SMTP_TLS_MODES:
+        raise ValueError("must be one of " + ", ".join(SMTP_TLS_MODES))
+    return mode
+
+
+def _ca_file(raw: str) -> str:
+    try:
+        # What the SMTP client will do with it, done once here so a bad file stops the start.
+        ssl.create_default_context(cafile=raw)
+    except FileNotFoundError:
+        raise ValueError("is not a file") from None
+    except (OSError, ssl.SSLError):
+        raise ValueError("must be a readable PEM file of CA certificates") from None
+    return raw
+
+
+def _directory(raw: str) -> str:
+    if not os.path.isdir(raw):
+        raise ValueError("is not a directory")
+    return raw
+
+
+def _log_format(raw: str) -> str:
+    chosen = raw.lower()
+    if chosen not in LOG_FORMATS:
+        raise ValueError("must be one of " + ", ".join(LOG_FORMATS))
+    return chosen
 
 
 def _log_level(raw: str) -> str:

@@ -9,8 +9,9 @@ from typing import Any, TextIO
 EXIT_OK = 0
 EXIT_NOTHING = 1  # nothing matched
 EXIT_USAGE = 2  # usage or configuration
-EXIT_UNREACHABLE = 3  # PostgreSQL or RabbitMQ unreachable, or the DLQ busy
+EXIT_UNREACHABLE = 3  # PostgreSQL, RabbitMQ (or, for send, ingest) unreachable
 EXIT_CONFLICT = 4  # a conflicting order
+EXIT_BUSY = 5  # the DLQ is held by another reader: try again later, nothing is broken
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO = sys.stdout) -> None:

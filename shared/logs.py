@@ -1,11 +1,12 @@
-"""Logging: structlog renders one JSON object per line; stdlib loggers are bridged into it."""
+"""Logging: structlog renders one JSON object per line (or, for a person at a terminal, the
+console form); stdlib loggers are bridged into it."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 import structlog
@@ -20,29 +21,48 @@ def _dumps(event: Any, default: Any = None) -> bytes:
         return json.dumps(event, default=repr, ensure_ascii=True).encode()
 
 
-def configure_logging(level: str = "INFO") -> None:
+def chosen_format(log_format: str | None, stream: TextIO) -> str:
+    """LOG_FORMAT when set; otherwise the console form where a person reads `stream` (a
+    terminal), JSON lines where a collector does (Docker, Kubernetes, a pipe, a file)."""
+    if log_format is not None:
+        return log_format
+    try:
+        return "console" if stream.isatty() else "json"
+    except ValueError:  # a closed stream
+        return "json"
+
+
+def configure_logging(level: str = "INFO", log_format: str | None = None) -> None:
     """Configure structlog and the stdlib root logger once per process."""
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    structlog.configure(
-        processors=[
+    processors: list[structlog.types.Processor]
+    if chosen_format(log_format, sys.stdout) == "console":
+        colors = sys.stdout.isatty()
+        # ConsoleRenderer formats tracebacks itself (format_exc_info would flatten them first).
+        processors = [*shared, structlog.dev.ConsoleRenderer(colors=colors)]
+        factory: Any = structlog.PrintLoggerFactory(sys.stdout)
+        stdlib_renderer: structlog.types.Processor = structlog.dev.ConsoleRenderer(colors=colors)
+    else:
+        processors = [
             *shared,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(serializer=_dumps),
-        ],
+        ]
+        factory = structlog.BytesLoggerFactory(sys.stdout.buffer)
+        stdlib_renderer = structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.BytesLoggerFactory(sys.stdout.buffer),
+        logger_factory=factory,
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.JSONRenderer(),
-        ],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, stdlib_renderer],
     )
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(formatter)

@@ -61,5 +61,10 @@ def serve(service: Service) -> None:
     except ConfigError as e:
         sys.stderr.write(f"payhooks: {e}\n")
         raise SystemExit(EXIT_USAGE) from None
-    configure_logging(settings.log_level)
-    run(service.create_app(settings), service.port(settings), ssl_context=service.tls(settings))
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        app = service.create_app(settings)  # may read more than the environment (templates)
+    except ConfigError as e:
+        sys.stderr.write(f"payhooks: {e}\n")
+        raise SystemExit(EXIT_USAGE) from None
+    run(app, service.port(settings), ssl_context=service.tls(settings))

@@ -1,6 +1,6 @@
-"""The `payhooks` console script: run a service, migrate, and the operator commands.
-Exit codes: 0 ok, 1 nothing matched, 2 usage or configuration, 3 PostgreSQL or RabbitMQ
-unreachable (or the DLQ busy with another reader), 4 conflicting order."""
+"""The `payhooks` console script (reads ./.env first): run, migrate, send, operator commands.
+Exit codes: 0 ok, 1 nothing matched (send: answered other than 2xx), 2 usage or configuration,
+3 PostgreSQL, RabbitMQ or ingest unreachable, 4 conflicting order, 5 DLQ busy (try again)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,23 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
-from services.cli import commands, run_all
+from dotenv import load_dotenv
+
+from services.cli import commands, migrations, run_all, send
 from services.cli.registry import SERVICES
 from services.sim import run as sim_run
 from shared import dlq, dlq_lock
 from shared.config import ConfigError, Settings
 from shared.connections import UnreachableError
-from shared.console import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from shared.console import EXIT_BUSY, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from shared.dlq import QUEUES
 from shared.dlq_moves import UnroutableError
 from shared.logs import configure_logging
-from shared.migrate import migrate
+from shared.migrate import MigrationChangedError, migrate
 from shared.service import serve
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -31,12 +35,25 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="payhooks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"payhooks {_version()}")
     subcommands = parser.add_subparsers(dest="command", required=True)
     run = subcommands.add_parser(
         "run", help="run one service in the foreground, or `all` of them as separate processes"
     )
     run.add_argument("service", choices=(*SERVICES, "all"))
-    subcommands.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
+    migrate_ = subcommands.add_parser(
+        "migrate", help="apply database migrations (safe to run concurrently)"
+    )
+    migrate_.add_argument(
+        "--status", action="store_true", help="list applied, pending and changed migrations"
+    )
+    migrate_.add_argument("--json", action="store_true", help="with --status")
+
+    send_ = subcommands.add_parser(
+        "send", help="send one signed X-Hub webhook to ingest and print request and answer"
+    )
+    send.add_arguments(send_)
+    send_.set_defaults(handler=send.command)
 
     order = subcommands.add_parser("order", help="shop orders").add_subparsers(
         dest="subcommand", required=True
@@ -119,6 +136,13 @@ def _positive(raw: str) -> int:
     return value
 
 
+def _version() -> str:
+    try:
+        return metadata.version("payhooks")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def _settings() -> Settings:
     try:
         return Settings.from_env()
@@ -128,6 +152,10 @@ def _settings() -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # A developer's local settings; variables already in the environment win (containers and
+    # CI set theirs there and have no .env).
+    if Path(".env").is_file():
+        load_dotenv(".env", override=False)
     args = _parser().parse_args(argv)
     if args.command == "run" and args.service == "all":
         settings = _settings()  # every variable checked once, before anything starts
@@ -136,31 +164,38 @@ def main(argv: Sequence[str] | None = None) -> None:
         except OSError as e:
             print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
             sys.exit(EXIT_UNREACHABLE)
+        except MigrationChangedError as e:
+            print(f"payhooks: {e}", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
         sys.exit(run_all.main())
     if args.command == "run":
         serve(SERVICES[args.service])
         sys.exit(EXIT_OK)
     if args.command == "migrate":
         settings = _settings()
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, settings.log_format)
         try:
-            applied = asyncio.run(migrate(settings.database_url))
+            sys.exit(asyncio.run(migrations.command(settings, args)))
         except OSError as e:
             print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
             sys.exit(EXIT_UNREACHABLE)
-        print(f"migrations applied: {', '.join(applied) or 'none (schema is current)'}")
-        sys.exit(EXIT_OK)
+        except MigrationChangedError as e:
+            print(f"payhooks: {e}", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
     settings = _settings()
-    configure_logging("WARNING")
+    configure_logging("WARNING", settings.log_format)
     # Connection failures are reported as one clear line (exit 3), not as library logs.
     for library in ("aio_pika", "aiormq"):
         logging.getLogger(library).setLevel(logging.CRITICAL)
     handler: Command = args.handler
     try:
         sys.exit(asyncio.run(handler(settings, args)))
-    except (UnreachableError, dlq_lock.DlqBusyError) as e:
+    except UnreachableError as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(EXIT_UNREACHABLE)
+    except dlq_lock.DlqBusyError as e:
+        print(f"payhooks: {e}", file=sys.stderr)
+        sys.exit(EXIT_BUSY)
     except (dlq.MissingQueueError, UnroutableError) as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(EXIT_USAGE)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from services.cli.registry import SERVICES
+from shared.config import is_set
 
 _COLOURS = ("36", "33", "35", "32", "34", "31")
 _BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -32,7 +33,7 @@ def left_out(env: Mapping[str, str]) -> dict[str, list[str]]:
     """Services that would only fail on their configuration, with the variables they lack
     (the reconciler without the provider's API, in local development)."""
     missing = {
-        name: [v for v in service.required_env if not env.get(v, "").strip()]
+        name: [v for v in service.required_env if not is_set(env, v)]
         for name, service in SERVICES.items()
     }
     return {name: lacking for name, lacking in missing.items() if lacking}
@@ -81,7 +82,7 @@ def dev_environment(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     child = dict(env)
     announced = []
     for name in ("XHUB_WEBHOOK_SECRETS", "ADMIN_TOKEN"):
-        if not child.get(name, "").strip():
+        if not is_set(child, name):
             child[name] = secrets.token_urlsafe(24)
             announced.append(f"{name}={child[name]}")
     return child, announced
@@ -157,4 +158,7 @@ async def run_all(env: Mapping[str, str], announce: Sequence[str] = ()) -> int:
 
 def main(env: Mapping[str, str] | None = None) -> int:
     child, announce = dev_environment(os.environ if env is None else env)
+    if sys.stdout.isatty():
+        # The children write into a pipe (to be prefixed) but a person reads the terminal.
+        child.setdefault("LOG_FORMAT", "console")
     return asyncio.run(run_all(child, announce))

@@ -1,25 +1,33 @@
-"""The `payhooks` console script refuses to start a service on bad configuration, in one line."""
+"""The `payhooks` console script refuses to start a service on bad configuration, in one line;
+reads ./.env under the real environment; knows its version."""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from shared.xhub.signatures import verify
+
 REPO = Path(__file__).resolve().parents[2]
+# Not the repository's root, where a developer's .env would fill in what a test leaves unset.
+NO_DOTENV = REPO / "tests"
 PAYHOOKS = Path(sys.executable).parent / "payhooks"
 # Refusing to start must not wait on anything: no connection is attempted before the check.
 START_REFUSAL_TIMEOUT_S = 10
 
 
-def run_payhooks(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run_payhooks(*args: str, cwd: Path = NO_DOTENV, **env: str) -> subprocess.CompletedProcess[str]:
     """Run the console script with only PATH and `env` set (nothing inherited from the shell)."""
     return subprocess.run(
         [str(PAYHOOKS), *args],
-        cwd=REPO,
+        cwd=cwd,
         env={"PATH": os.environ.get("PATH", ""), **env},
         capture_output=True,
         text=True,
@@ -92,3 +100,54 @@ def test_unknown_service_is_a_usage_error() -> None:
 
     assert result.returncode != 0
     assert "no-such-service" in result.stderr
+
+
+def test_version_is_the_installed_distributions() -> None:
+    result = run_payhooks("--version")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"payhooks {metadata.version('payhooks')}\n"
+
+
+def test_a_secret_file_that_cannot_be_read_is_named_in_one_line(tmp_path: Path) -> None:
+    result = run_payhooks(
+        "run", "ingest", XHUB_WEBHOOK_SECRETS_FILE=str(tmp_path / "no-such-secret")
+    )
+
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "XHUB_WEBHOOK_SECRETS_FILE names a file that cannot be read" in result.stderr
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_dot_env_in_the_current_folder_is_read_and_the_environment_wins(tmp_path: Path) -> None:
+    # `send` shows both without any service running: the URL (INGEST_PORT) it could not
+    # reach, and the signature (XHUB_WEBHOOK_SECRETS) of what it tried to send.
+    from_file, from_env = closed_port(), closed_port()
+    (tmp_path / ".env").write_text(
+        f"# local settings\nXHUB_WEBHOOK_SECRETS=dotenv-secret\nINGEST_PORT={from_file}\n"
+    )
+    (tmp_path / "elsewhere").mkdir()
+
+    read = run_payhooks("send", "--payment-id", "pay_env", cwd=tmp_path)
+    overridden = run_payhooks(
+        "send", "--payment-id", "pay_env", cwd=tmp_path, INGEST_PORT=str(from_env)
+    )
+    not_here = run_payhooks("send", "--payment-id", "pay_env", cwd=tmp_path / "elsewhere")
+
+    assert read.returncode == 3, read.stderr  # signed and tried: nothing listens there
+    assert f"127.0.0.1:{from_file}/" in read.stdout
+    headers = dict(re.findall(r"^> ([\w-]+): (.*)$", read.stdout, re.MULTILINE))
+    body = next(line[2:] for line in read.stdout.splitlines() if line.startswith("> {"))
+    signature = headers["X-Webhook-Signature"]
+    assert verify([b"dotenv-secret"], headers["X-Webhook-Timestamp"], body.encode(), signature)
+    assert overridden.returncode == 3
+    assert f"127.0.0.1:{from_env}/" in overridden.stdout
+    assert not_here.returncode == 2  # only ./.env, not a parent folder's: no secret
+    assert "XHUB_WEBHOOK_SECRETS" in not_here.stderr

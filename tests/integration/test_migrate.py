@@ -1,8 +1,10 @@
-"""`payhooks migrate` against throwaway databases: idempotent and safe to run concurrently."""
+"""`payhooks migrate` against throwaway databases: idempotent and safe to run concurrently;
+`--status`, and checksums that stop a migrate when an applied file changed."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 import uuid
@@ -11,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
+from shared import migrate as migrations
 from shared.db import pool_ctx
-from shared.migrate import load_migrations, migrate
+from shared.migrate import MigrationChangedError, load_migrations, migrate, run_migrations
 from shared.web import base_app
 from tests.conftest import database_url, run_database_name
 
@@ -146,11 +150,12 @@ async def test_concurrent_migrates_create_a_missing_database_once(
     assert await snapshot(dsn) == reference
 
 
-async def run_migrate_command(dsn: str) -> tuple[int, str, str]:
+async def run_migrate_command(dsn: str, *args: str) -> tuple[int, str, str]:
     env = {"PATH": os.environ.get("PATH", ""), "DATABASE_URL": dsn, "LOG_LEVEL": "WARNING"}
     process = await asyncio.create_subprocess_exec(
         str(PAYHOOKS),
         "migrate",
+        *args,
         cwd=REPO,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -266,3 +271,172 @@ async def test_one_story_migration_ties_the_old_ledger_rows_to_their_transitions
             )
     finally:
         await conn.close()
+
+
+# --- checksums and --status -------------------------------------------------------------------
+
+
+async def fetch(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def migrated_as_before_checksums(dsn: str) -> None:
+    """Every migration applied by a payhooks that kept no checksums (its table had none)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for m in load_migrations():
+            await conn.execute(m.sql)
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name
+            )
+    finally:
+        await conn.close()
+
+
+async def file_changed_after_applied(dsn: str, version: int) -> None:
+    """As if migration `version`'s file had been edited since: its recorded sha256 differs."""
+    await fetch(
+        dsn, "UPDATE schema_migrations SET checksum = $2 WHERE version = $1", version, "0" * 64
+    )
+
+
+NEWEST = max(m.version for m in load_migrations())
+
+
+async def test_each_migration_applied_records_the_sha256_of_its_file(fresh_dsn: FreshDsn) -> None:
+    dsn = await fresh_dsn()
+
+    await migrate(dsn)
+
+    rows = await fetch(dsn, "SELECT version, checksum FROM schema_migrations ORDER BY version")
+    assert [(r["version"], r["checksum"]) for r in rows] == [
+        (m.version, hashlib.sha256(m.sql.encode()).hexdigest()) for m in load_migrations()
+    ]
+
+
+async def test_status_lists_applied_with_when_and_pending(fresh_dsn: FreshDsn) -> None:
+    dsn = await fresh_dsn()
+    await migrate(dsn)
+    await fetch(dsn, "DELETE FROM schema_migrations WHERE version = $1", NEWEST)
+
+    found = await migrations.status(dsn)
+
+    assert [(m.version, m.name) for m in found] == [(m.version, m.name) for m in load_migrations()]
+    assert [m.state for m in found] == [migrations.APPLIED] * (len(found) - 1) + [
+        migrations.PENDING
+    ]
+    assert all(m.applied_at is not None for m in found[:-1])
+    assert found[-1].applied_at is None
+
+
+async def test_status_of_a_database_not_created_yet_is_all_pending_and_creates_nothing(
+    fresh_dsn: FreshDsn,
+) -> None:
+    dsn = await fresh_dsn(create=False)
+
+    found = await migrations.status(dsn)
+
+    assert {m.state for m in found} == {migrations.PENDING}
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await fetch(dsn, "SELECT 1")
+
+
+async def test_rows_applied_before_checksums_get_the_current_one_recorded_once(
+    fresh_dsn: FreshDsn, reference: Snapshot
+) -> None:
+    dsn = await fresh_dsn()
+    await migrated_as_before_checksums(dsn)
+
+    before = await migrations.status(dsn)
+    first = await run_migrations(dsn)
+    second = await run_migrations(dsn)
+
+    assert {m.state for m in before} == {migrations.UNRECORDED}
+    assert (first.applied, first.checksums_recorded) == ([], MIGRATIONS)
+    assert (second.applied, second.checksums_recorded) == ([], [])
+    assert {m.state for m in await migrations.status(dsn)} == {migrations.APPLIED}
+    assert await snapshot(dsn) == reference
+
+
+async def test_a_migration_changed_after_it_was_applied_stops_migrate_before_anything(
+    fresh_dsn: FreshDsn,
+) -> None:
+    dsn = await fresh_dsn()
+    await migrate(dsn)
+    await fetch(dsn, "DELETE FROM schema_migrations WHERE version = $1", NEWEST)
+    changed = load_migrations()[2]
+    await file_changed_after_applied(dsn, changed.version)
+
+    with pytest.raises(MigrationChangedError, match=changed.name):
+        await migrate(dsn)
+
+    states = {m.name: m.state for m in await migrations.status(dsn)}
+    assert states[changed.name] == migrations.CHANGED
+    assert states[MIGRATIONS[-1]] == migrations.PENDING  # nothing applied after the refusal
+
+
+async def test_migrate_status_command_prints_a_table_or_json(fresh_dsn: FreshDsn) -> None:
+    dsn = await fresh_dsn()
+    await migrate(dsn)
+    await fetch(dsn, "DELETE FROM schema_migrations WHERE version = $1", NEWEST)
+
+    code, out, err = await run_migrate_command(dsn, "--status")
+    json_code, json_out, _ = await run_migrate_command(dsn, "--status", "--json")
+
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["VERSION", "MIGRATION", "STATE", "APPLIED_AT"]
+    rows = {line.split()[1]: line.split()[2:] for line in lines[1 : 1 + len(MIGRATIONS)]}
+    assert rows[MIGRATIONS[0]][0] == "applied"
+    assert rows[MIGRATIONS[0]][1].startswith("20")  # when: an ISO date
+    assert rows[MIGRATIONS[-1]] == ["pending", "-"]
+    assert f"{len(MIGRATIONS) - 1} applied, 1 pending" in out
+    assert json_code == 0
+    shown = orjson.loads(json_out)
+    assert shown["pending"] == [MIGRATIONS[-1]]
+    assert shown["changed"] == []
+    assert [m["state"] for m in shown["migrations"]][-2:] == ["applied", "pending"]
+
+
+async def test_a_changed_migration_fails_the_command_and_its_status_with_exit_2(
+    fresh_dsn: FreshDsn,
+) -> None:
+    dsn = await fresh_dsn()
+    await migrate(dsn)
+    changed = load_migrations()[0]
+    await file_changed_after_applied(dsn, changed.version)
+
+    code, out, err = await run_migrate_command(dsn)
+    status_code, status_out, _ = await run_migrate_command(dsn, "--status")
+
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("payhooks: migration file(s) changed after they were applied:")
+    assert changed.name in err
+    assert status_code == 2
+    assert f"{changed.name}: changed after it was applied" in status_out
+
+
+async def test_migrate_command_says_when_it_records_checksums_of_older_rows(
+    fresh_dsn: FreshDsn,
+) -> None:
+    dsn = await fresh_dsn()
+    await migrated_as_before_checksums(dsn)
+
+    code, out, err = await run_migrate_command(dsn)
+
+    assert code == 0, err
+    assert out.splitlines() == [
+        "migrations applied: none (schema is current)",
+        "checksums recorded for migrations applied before payhooks kept them: "
+        + ", ".join(MIGRATIONS),
+    ]

@@ -9,6 +9,7 @@ import signal
 
 import aiohttp
 
+from services.cli.run_all import dev_environment, left_out
 from shared.config import Settings
 from tests.helpers import eventually
 from tests.processes import free_port, payhooks_command
@@ -93,3 +94,19 @@ async def test_run_all_starts_every_service_restarts_a_dead_one_and_stops_them_a
     assert "orders | " in text or "exited with -9" in text
     assert "exited with -9; restarting" in text
     assert children_of(process.pid) == []
+
+
+def test_secrets_given_as_files_are_neither_generated_nor_missing() -> None:
+    files = {
+        "XHUB_WEBHOOK_SECRETS_FILE": "/run/secrets/xhub",
+        "ADMIN_TOKEN_FILE": "/run/secrets/admin",
+        "XHUB_API_URL": "http://127.0.0.1:8090",
+        "XHUB_API_KEY_FILE": "/run/secrets/xhub-api",
+    }
+
+    child, announced = dev_environment(files)
+
+    assert child == files  # a generated XHUB_WEBHOOK_SECRETS beside its _FILE would be refused
+    assert announced == []
+    assert left_out(files) == {}  # the reconciler has its key
+    assert "reconciler" in left_out({})

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from shared.config import ConfigError, Settings
+from shared.config import ConfigError, Settings, is_set
 
 SECRET_LOOKING = "sk_live_9f8e7d6c5b4a3210DONOTLEAK"
 
@@ -243,3 +246,137 @@ def test_settings_are_frozen() -> None:
 
     with pytest.raises(AttributeError):
         settings.max_body_bytes = 1  # type: ignore[misc]  # the point of the test
+
+
+# --- NAME_FILE: secrets from files (Docker and Kubernetes secrets) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "attribute", "expected"),
+    [
+        ("XHUB_WEBHOOK_SECRETS", "webhook_secrets", (b"new", b"old")),
+        ("ADMIN_TOKEN", "admin_token", "new,old"),
+        ("XHUB_API_KEY", "xhub_api_key", "new,old"),
+        ("DATABASE_URL", "database_url", "new,old"),
+        ("AMQP_URL", "amqp_url", "new,old"),
+    ],
+)
+def test_a_secret_is_read_from_the_file_its_file_variable_names(
+    tmp_path: Path, name: str, attribute: str, expected: object
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("new,old\n")  # as `echo` and most editors leave it
+
+    settings = Settings.from_env({f"{name}_FILE": str(secret)})
+
+    assert getattr(settings, attribute) == expected
+
+
+def test_smtp_password_is_read_from_a_file_too(tmp_path: Path) -> None:
+    secret = tmp_path / "smtp"
+    secret.write_text("p4ss\n")
+
+    settings = Settings.from_env(
+        {"SMTP_USERNAME": "u", "SMTP_PASSWORD_FILE": str(secret), "SMTP_TLS": "starttls"}
+    )
+
+    assert settings.smtp_password == "p4ss"
+
+
+def test_only_the_trailing_newline_of_a_secret_file_is_dropped(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"  token with spaces inside\r\n")
+
+    settings = Settings.from_env({"ADMIN_TOKEN_FILE": str(secret)})
+
+    assert settings.admin_token == "token with spaces inside"  # values are trimmed as always
+
+
+def test_a_required_secret_given_as_a_file_counts_as_set(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s\n")
+
+    settings = Settings.from_env(
+        {"XHUB_WEBHOOK_SECRETS_FILE": str(secret)}, required=("XHUB_WEBHOOK_SECRETS",)
+    )
+
+    assert settings.webhook_secrets == (b"s",)
+
+
+def test_a_variable_and_its_file_variable_both_set_is_an_error(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET_LOOKING)
+
+    message = config_error(
+        {"ADMIN_TOKEN": "hunter2-secret", "ADMIN_TOKEN_FILE": str(secret)},
+        required=("ADMIN_TOKEN",),
+    )
+
+    assert "ADMIN_TOKEN and ADMIN_TOKEN_FILE are both set" in message
+    assert message.count("ADMIN_TOKEN") == 2  # not "is required" on top
+    assert SECRET_LOOKING not in message
+    assert "hunter2-secret" not in message
+
+
+@pytest.mark.parametrize("problem", ["missing", "directory", "not utf-8", "unreadable"])
+def test_an_unreadable_secret_file_is_named_without_its_content_or_path(
+    tmp_path: Path, problem: str
+) -> None:
+    path = tmp_path / SECRET_LOOKING  # a secret pasted where the path belongs
+    if problem == "directory":
+        path.mkdir()
+    elif problem == "not utf-8":
+        path.write_bytes(b"\xff\xfe" + SECRET_LOOKING.encode())
+    elif problem == "unreadable":
+        path.write_text(SECRET_LOOKING)
+        path.chmod(0)
+        if os.access(path, os.R_OK):
+            pytest.skip("root reads files whatever their mode")
+
+    message = config_error(
+        {"XHUB_WEBHOOK_SECRETS_FILE": str(path)}, required=("XHUB_WEBHOOK_SECRETS",)
+    )
+
+    assert "XHUB_WEBHOOK_SECRETS_FILE names a file that" in message
+    assert "required" not in message  # one problem, said once
+    assert SECRET_LOOKING not in message
+
+
+def test_file_variables_of_other_settings_are_not_read(tmp_path: Path) -> None:
+    # Only secrets come from files; SMTP_HOST_FILE means nothing (and is not opened).
+    settings = Settings.from_env({"SMTP_HOST_FILE": str(tmp_path / "missing")})
+
+    assert settings.smtp_host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"ADMIN_TOKEN": "t"}, True),
+        ({"ADMIN_TOKEN_FILE": "/run/secrets/admin"}, True),
+        ({"ADMIN_TOKEN": " ", "ADMIN_TOKEN_FILE": ""}, False),
+        ({"SMTP_HOST_FILE": "/x"}, False),
+    ],
+)
+def test_is_set_counts_a_file_variable_for_secrets_only(
+    env: dict[str, str], expected: bool
+) -> None:
+    name = "SMTP_HOST" if "SMTP_HOST_FILE" in env else "ADMIN_TOKEN"
+
+    assert is_set(env, name) is expected
+
+
+# --- LOG_FORMAT -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, None), ("json", "json"), ("Console", "console")]
+)
+def test_log_format_is_json_console_or_unset(raw: str | None, expected: str | None) -> None:
+    env = {} if raw is None else {"LOG_FORMAT": raw}
+
+    assert Settings.from_env(env).log_format == expected
+
+
+def test_an_unknown_log_format_is_named() -> None:
+    assert "LOG_FORMAT" in config_error({"LOG_FORMAT": "pretty"})

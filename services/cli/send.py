@@ -1,0 +1,81 @@
+"""`payhooks send`: one signed X-Hub webhook from flags (like `stripe trigger`), the request and
+the answer printed; exit 0 when ingest answers 2xx."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+
+import aiohttp
+import orjson
+
+from shared.config import Settings
+from shared.console import EXIT_NOTHING, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from shared.xhub import STATUS_CHANGED, WEBHOOK_PATH
+from shared.xhub.events import status_changed
+from shared.xhub.signatures import signed_headers
+
+_TIMEOUT_S = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--event", default=STATUS_CHANGED, help="event type (default %(default)s)")
+    parser.add_argument("--status", default="paid", help="payment status (default %(default)s)")
+    parser.add_argument("--payment-id", required=True)
+    parser.add_argument("--amount", default="100.00", help="decimal string (default %(default)s)")
+    parser.add_argument("--currency", default="USD", help="(default %(default)s)")
+    parser.add_argument("--refund-id", help="for refund.* events")
+    parser.add_argument("--event-id", help="X-Webhook-Id (default: a new evt_...)")
+    parser.add_argument(
+        "--url", help=f"default: http://127.0.0.1:$INGEST_PORT{WEBHOOK_PATH} (https with TLS set)"
+    )
+
+
+def default_url(settings: Settings) -> str:
+    scheme = "https" if settings.ingest_tls_cert else "http"
+    return f"{scheme}://127.0.0.1:{settings.ingest_port}{WEBHOOK_PATH}"
+
+
+async def command(settings: Settings, args: argparse.Namespace) -> int:
+    if not settings.webhook_secrets:
+        print(
+            "payhooks: send needs XHUB_WEBHOOK_SECRETS (or XHUB_WEBHOOK_SECRETS_FILE): it signs"
+            " with the first secret, as X-Hub does",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    created_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    payload = status_changed(args.payment_id, args.status, args.amount, args.currency, created_at)
+    payload["event"] = args.event
+    if args.refund_id:
+        payload["refund_id"] = args.refund_id
+    body = orjson.dumps(payload)
+    event_id = args.event_id or f"evt_{uuid.uuid4().hex}"
+    headers = signed_headers(settings.webhook_secrets[0], event_id, body, time.time())
+    url = args.url or default_url(settings)
+
+    print(f"> POST {url}")
+    for name, value in headers.items():
+        print(f"> {name}: {value}")
+    print(">")
+    print(f"> {body.decode()}\n")
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S)) as session,
+            session.post(url, data=body, headers=headers) as response,
+        ):
+            answer = await response.text(errors="replace")
+    except aiohttp.InvalidURL:
+        print(f"payhooks: --url {url} is not an http(s) URL", file=sys.stderr)
+        return EXIT_USAGE
+    except (aiohttp.ClientError, TimeoutError) as e:
+        print(
+            f"payhooks: cannot reach ingest at {url}: {str(e) or type(e).__name__}", file=sys.stderr
+        )
+        return EXIT_UNREACHABLE
+    print(f"< {response.status} {response.reason or ''}".rstrip())
+    print(f"< {answer}")
+    return EXIT_OK if 200 <= response.status < 300 else EXIT_NOTHING
