@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import structlog
 from aiohttp import web
 
 from services.email.handler import WORKER, make_handler
 from services.email.sender import SmtpSender
+from services.email.template_files import load_templates
 from shared.config import Settings
 from shared.db import DB_POOL
 from shared.metrics import EmailMetrics, WorkerMetrics
 from shared.service import Service
 from shared.worker_app import worker_app
+
+log = structlog.get_logger(__name__)
 
 SENDER = web.AppKey("smtp_sender", SmtpSender)
 
@@ -28,9 +32,13 @@ def create_app(
 ) -> web.Application:
     metrics = WorkerMetrics.create(WORKER)
     email_metrics = EmailMetrics.create(metrics.registry)
+    # Read before anything starts: a bad template stops the service with a ConfigError.
+    templates = load_templates(settings.email_templates_dir)
+    if settings.email_templates_dir is not None:
+        log.info("email.templates", directory=settings.email_templates_dir)
 
     async def sender_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[SENDER] = SmtpSender(settings.smtp_host, settings.smtp_port)
+        app[SENDER] = SmtpSender.from_settings(settings)
         yield
         await app[SENDER].close()
 
@@ -38,7 +46,9 @@ def create_app(
         settings,
         metrics,
         "emails",
-        lambda app: make_handler(app[DB_POOL], app[SENDER], settings.email_from, email_metrics),
+        lambda app: make_handler(
+            app[DB_POOL], app[SENDER], settings.email_from, email_metrics, templates
+        ),
         contexts=[sender_ctx],
         batch_size=batch_size,
         batchers=batchers,

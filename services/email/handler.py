@@ -5,7 +5,7 @@ batch commits; the one resend window is in make_handler's docstring."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.message import Message
 from functools import partial
@@ -15,6 +15,7 @@ import asyncpg
 import structlog
 
 from services.email.sender import Sender
+from services.email.template_files import EmailTemplate
 from services.email.templates import TEMPLATE_FOR_EVENT, message_id, render
 from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, keys_of
 from shared.db import TRANSIENT_DB_ERRORS, Executor
@@ -48,7 +49,11 @@ class _Email:
 
 
 def make_handler(
-    pool: asyncpg.Pool[Any], sender: Sender, email_from: str, metrics: EmailMetrics
+    pool: asyncpg.Pool[Any],
+    sender: Sender,
+    email_from: str,
+    metrics: EmailMetrics,
+    templates: Mapping[str, EmailTemplate] | None = None,
 ) -> BatchHandler:
     """A batch's emails are decided in one transaction (payments in id order, each payment
     locked), then sent (a payment's emails one after the other in the order decided,
@@ -90,6 +95,7 @@ def make_handler(
             currency=order["currency"],
             recipient=order["email"],
             sender=email_from,
+            templates=templates,
         )
         step.value = _Email(step.index, template, record, message)
         return "ok"

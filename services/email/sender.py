@@ -1,5 +1,6 @@
 """Sending mail: a Sender protocol and its SMTP adapter (aiosmtplib), which keeps a few
-connections open and reuses them (a connection per message costs more than the message)."""
+connections open and reuses them (a connection per message costs more than the message),
+each one upgraded to TLS and logged in once when SMTP_TLS and credentials say so."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Protocol
 
 import aiosmtplib
 
+from shared.config import SMTP_TLS_MODES, Settings
 from shared.errors import TransientError
 
 SMTP_TIMEOUT_S = 10.0
@@ -23,36 +25,82 @@ class SmtpUnavailableError(TransientError):
     """The SMTP server refused, failed or timed out: retry on the ladder."""
 
 
+class SmtpLoginError(SmtpUnavailableError):
+    """The server refused SMTP_USERNAME / SMTP_PASSWORD: retried too, so that emails wait
+    (then dead-letter) rather than get lost while the credentials are being fixed."""
+
+
 class SmtpSender:
     def __init__(
         self,
         host: str,
         port: int,
         *,
+        username: str | None = None,
+        password: str | None = None,
+        tls: str = "none",
+        ca_file: str | None = None,
         connections: int = 4,
         timeout_s: float = SMTP_TIMEOUT_S,
     ) -> None:
+        """`tls`: none (plain), starttls (upgrade on connect, required) or implicit (TLS from
+        the first byte); the server's certificate is always verified, against `ca_file`'s
+        CAs too when given."""
+        if tls not in SMTP_TLS_MODES:
+            raise ValueError(f"tls must be one of {', '.join(SMTP_TLS_MODES)}")
+        if password is not None and tls == "none":
+            raise ValueError("SMTP credentials are never sent without TLS")
         self._host = host
         self._port = port
         self._timeout_s = timeout_s
         self._idle: asyncio.Queue[aiosmtplib.SMTP] = asyncio.Queue()
         for _ in range(connections):
             self._idle.put_nowait(
-                aiosmtplib.SMTP(hostname=host, port=port, timeout=timeout_s, start_tls=False)
+                aiosmtplib.SMTP(
+                    hostname=host,
+                    port=port,
+                    timeout=timeout_s,
+                    username=username,
+                    password=password,
+                    use_tls=tls == "implicit",
+                    # False, not aiosmtplib's None (upgrade if offered): starttls must happen
+                    # or fail, and none stays plain as it always was.
+                    start_tls=tls == "starttls",
+                    validate_certs=True,
+                    cert_bundle=ca_file,
+                )
             )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SmtpSender:
+        return cls(
+            settings.smtp_host,
+            settings.smtp_port,
+            username=settings.smtp_username,
+            password=settings.smtp_password,
+            tls=settings.smtp_tls,
+            ca_file=settings.smtp_ca_file,
+        )
 
     async def send(self, message: Message) -> None:
         client = await self._idle.get()
         try:
             try:
                 if not client.is_connected:
-                    await client.connect()
+                    await client.connect()  # and STARTTLS, login: once per connection
                 await client.send_message(message)
             except aiosmtplib.SMTPServerDisconnected:
                 # The server closed a connection that sat idle: one fresh attempt.
                 client.close()
                 await client.connect()
                 await client.send_message(message)
+        except aiosmtplib.SMTPAuthenticationError as e:
+            with contextlib.suppress(Exception):
+                client.close()
+            raise SmtpLoginError(
+                f"SMTP {self._host}:{self._port} refused the login ({e.code} {e.message}):"
+                " check SMTP_USERNAME and SMTP_PASSWORD"
+            ) from e
         except (aiosmtplib.SMTPException, OSError, TimeoutError) as e:
             # A failed session may be half-way through a transaction: start the next afresh.
             with contextlib.suppress(Exception):

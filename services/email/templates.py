@@ -1,16 +1,17 @@
-"""The two customer emails, as small plain-text and HTML templates. No I/O."""
+"""The two customer emails rendered from their templates (template_files.py), and their
+deterministic Message-ID."""
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from collections.abc import Mapping
 from email.header import Header
 from email.message import Message
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import parseaddr
-from string import Template
 
+from services.email.template_files import EmailTemplate, default_templates
 from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
 
 TEMPLATE_HEADER = "X-Payhooks-Template"
@@ -20,36 +21,6 @@ TEMPLATE_FOR_EVENT = {
     "order.paid": SUCCEEDED_EMAIL,
     "order.settled": SUCCEEDED_EMAIL,
     "order.refunded": REFUNDED_EMAIL,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class _Template:
-    subject: Template
-    text: Template
-    html: Template
-
-
-_TEMPLATES = {
-    "payment_succeeded": _Template(
-        Template("Payment received for order $order_id"),
-        Template(
-            "Hello,\n\nwe received your payment of $amount $currency for order $order_id.\n"
-            "Thank you!\n"
-        ),
-        Template(
-            "<p>Hello,</p><p>we received your payment of <b>$amount $currency</b> for order"
-            " <b>$order_id</b>.</p><p>Thank you!</p>"
-        ),
-    ),
-    "payment_refunded": _Template(
-        Template("Refund for order $order_id"),
-        Template("Hello,\n\nyour payment of $amount $currency for order $order_id was refunded.\n"),
-        Template(
-            "<p>Hello,</p><p>your payment of <b>$amount $currency</b> for order"
-            " <b>$order_id</b> was refunded.</p>"
-        ),
-    ),
 }
 
 
@@ -71,14 +42,16 @@ def render(
     currency: str,
     recipient: str,
     sender: str,
+    templates: Mapping[str, EmailTemplate] | None = None,
 ) -> Message:
-    """A multipart/alternative message (plain text + HTML).
+    """A multipart/alternative message (plain text + HTML); `templates`: load_templates'
+    (a shop's texts), else the defaults.
 
     Built with the compat32 MIME classes: the default-policy EmailMessage creates a header
     class per header and costs ~1.5 ms a message, four times this, which made email building
     the email worker's main CPU cost in bench/workers.py.
     """
-    parts = _TEMPLATES[template]
+    parts = (default_templates() if templates is None else templates)[template]
     values = {"order_id": order_id, "amount": amount, "currency": currency}
     escaped = {k: html.escape(v) for k, v in values.items()}
     msg = MIMEMultipart("alternative")

@@ -1,9 +1,16 @@
-"""The customer emails' deterministic Message-ID (SPEC: <{template}.{payment_id}@{domain}>)."""
+"""The customer emails' deterministic Message-ID (SPEC: <{template}.{payment_id}@{domain}>), their
+texts (defaults and a shop's own, one file format) and how they render."""
 
 from __future__ import annotations
 
+import re
+from email.errors import HeaderParseError
+from email.header import decode_header, make_header
+from email.message import Message
+
 import pytest
 
+from services.email.template_files import EmailTemplate, default_templates, parse_template
 from services.email.templates import message_id, render
 
 
@@ -39,3 +46,98 @@ def test_rendered_email_carries_the_message_id_once() -> None:
         sender="Shop <payments@shop.example>",
     )
     assert msg.get_all("Message-ID") == ["<payment_succeeded.pay_1@shop.example>"]
+
+
+# --- the texts: defaults shipped as files, a shop's own parsed by the same rules ---------------
+
+SHOP_TEXT = """Subject: Danke für Ihre Zahlung ($order_id)
+
+Hallo,
+
+wir haben $amount $currency erhalten. 100 $$ Rabatt beim nächsten Mal!
+
+--- html ---
+<p>Wir haben <b>$amount $currency</b> für $order_id erhalten.</p>
+"""
+
+
+def rendered(templates: dict[str, EmailTemplate] | None = None, **values: str) -> Message:
+    fields = {
+        "payment_id": "pay_1",
+        "order_id": "ord_1",
+        "amount": "100.00",
+        "currency": "USD",
+        "recipient": "buyer@example.com",
+        "sender": "payments@shop.example",
+    }
+    return render("payment_succeeded", **(fields | values), templates=templates)
+
+
+def parts(msg: Message) -> tuple[str, str]:
+    plain, html = (p.get_payload(decode=True) for p in msg.walk() if not p.is_multipart())
+    assert isinstance(plain, bytes)
+    assert isinstance(html, bytes)
+    return plain.decode(), html.decode()
+
+
+def test_the_default_texts_are_the_ones_shipped_in_the_package() -> None:
+    msg = rendered()
+
+    assert msg["Subject"] == "Payment received for order ord_1"
+    assert parts(msg) == (
+        "Hello,\n\nwe received your payment of 100.00 USD for order ord_1.\nThank you!\n",
+        "<p>Hello,</p><p>we received your payment of <b>100.00 USD</b> for order"
+        " <b>ord_1</b>.</p><p>Thank you!</p>",
+    )
+    assert set(default_templates()) == {"payment_succeeded", "payment_refunded"}
+
+
+def test_a_shops_text_renders_by_the_same_rules() -> None:
+    msg = rendered({"payment_succeeded": parse_template(SHOP_TEXT)}, order_id="ord_<1>")
+
+    subject = str(make_header(decode_header(msg["Subject"])))
+    assert subject == "Danke für Ihre Zahlung (ord_<1>)"
+    assert msg["Subject"].startswith("=?utf-8?")  # non-ASCII: an RFC 2047 encoded word
+    assert parts(msg) == (
+        "Hallo,\n\nwir haben 100.00 USD erhalten. 100 $ Rabatt beim nächsten Mal!\n",
+        "<p>Wir haben <b>100.00 USD</b> für ord_&lt;1&gt; erhalten.</p>",  # values escaped
+    )
+    assert msg["Message-ID"] == "<payment_succeeded.pay_1@shop.example>"
+
+
+def texts(template: EmailTemplate) -> tuple[str, str, str]:
+    return template.subject.template, template.text.template, template.html.template
+
+
+def test_a_line_break_in_a_value_cannot_add_a_header() -> None:
+    msg = rendered(order_id="ord_1\r\nBcc: everyone@example.com")
+
+    # compat32 refuses to write the header: the message never goes out with a Bcc.
+    with pytest.raises(HeaderParseError):
+        msg.as_bytes()
+
+
+def test_windows_line_ends_and_surrounding_blank_lines_do_not_matter() -> None:
+    source = SHOP_TEXT.replace("\n--- html ---", "\n\n\n--- html ---\n\n").replace("\n", "\r\n")
+
+    assert texts(parse_template(source)) == texts(parse_template(SHOP_TEXT))
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("Payment received\n\nbody\n--- html ---\n<p>x</p>\n", "must start with a line"),
+        ("Subject:  \n\nbody\n--- html ---\n<p>x</p>\n", "has an empty subject"),
+        ("Subject: s\nbody\n--- html ---\n<p>x</p>\n", "needs an empty line after the subject"),
+        ("Subject: s\n\nbody without html\n", "needs exactly one line '--- html ---'"),
+        ("Subject: s\n\nb\n--- html ---\nh\n--- html ---\nh\n", "needs exactly one line"),
+        ("Subject: s\n\nbody\n--- html ---\n\n", "needs a plain-text body and an HTML body"),
+        ("Subject: s\n\n\n--- html ---\n<p>x</p>\n", "needs a plain-text body and an HTML"),
+        ("Subject: $name\n\nb\n--- html ---\nh\n", "unknown placeholder $name in its subject"),
+        ("Subject: s\n\nb ${total}\n--- html ---\nh\n", "unknown placeholder $total in its text"),
+        ("Subject: s\n\nb\n--- html ---\ncosts $5\n", "has a '$' in its html that is no place"),
+    ],
+)
+def test_a_malformed_template_says_what_is_wrong(source: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_template(source)
