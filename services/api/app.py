@@ -8,19 +8,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from services.api import dlq_routes, errors, monitor, order_routes
+from services.api import dlq_routes, errors, monitor, openapi, order_routes
 from services.api.dlq_access import DLQ_ACCESS, DlqAccess
-from services.api.responses import json_error
+from services.api.responses import json_response, problem
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import QueueMetrics, new_registry
+from shared.order_input import text_problem
 from shared.service import Service
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
 
-_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# The OpenAPI document is a contract and holds no data: clients and tools read it without the
+# token, like the probes and the scrape.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", openapi.PATH})
+# Path parameters that reach PostgreSQL, checked here once for every route that takes one.
+_PATH_IDS = ("order_id", "payment_id", "user_id")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -30,17 +35,30 @@ def admin_auth(token: str) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in _OPEN_PATHS:
+        if request.path not in OPEN_PATHS:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             # The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
             valid = scheme.lower() == "bearer" and hmac.compare_digest(
                 given.strip().encode("utf-8", "replace"), expected
             )
             if not valid:
-                return json_error(401, "missing or invalid admin token")
+                return problem(401, "unauthorized", "missing or invalid admin token")
         return await handler(request)
 
     return middleware
+
+
+@web.middleware
+async def path_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    for name in _PATH_IDS:
+        value = request.match_info.get(name)
+        if value is not None and (why := text_problem(value)):
+            return problem(400, "invalid_request", f"{name} {why}")
+    return await handler(request)
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    return json_response(openapi.DOCUMENT)
 
 
 def create_app(
@@ -53,6 +71,7 @@ def create_app(
     app = base_app(registry)
     app.middlewares.append(errors.json_errors)  # first: outside every other
     app.middlewares.append(admin_auth(settings.admin_token))
+    app.middlewares.append(path_ids)
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
@@ -70,13 +89,16 @@ def create_app(
 
     app.cleanup_ctx.append(monitor_ctx)
     app.router.add_post("/api/orders", order_routes.register_order)
-    app.router.add_get("/api/orders/{order_id}", order_routes.get_order)
-    app.router.add_get("/api/payments/{payment_id}", order_routes.get_payment)
-    app.router.add_get("/api/users/{user_id}/bonus", order_routes.get_user_bonus)
+    # Any id up to the next "/" (sent as %2F when it holds one): aiohttp's default pattern
+    # leaves out "{" and "}", which ids may hold.
+    app.router.add_get("/api/orders/{order_id:[^/]+}", order_routes.get_order)
+    app.router.add_get("/api/payments/{payment_id:[^/]+}", order_routes.get_payment)
+    app.router.add_get("/api/users/{user_id:[^/]+}/bonus", order_routes.get_user_bonus)
     app.router.add_get("/api/dlq", dlq_routes.list_dlqs)
     app.router.add_get("/api/dlq/{queue}", dlq_routes.show_dlq)
     app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)
     app.router.add_get("/api/unrouted", dlq_routes.show_unrouted)
+    app.router.add_get(openapi.PATH, openapi_document)
     return app
 
 

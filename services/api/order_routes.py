@@ -6,7 +6,7 @@ import orjson
 from aiohttp import web
 
 from services.api.dlq_access import DLQ_ACCESS
-from services.api.responses import json_error, json_response
+from services.api.responses import json_response, problem
 from shared import dlq, dlq_lock
 from shared.db import DB_POOL
 from shared.errors import UnavailableError
@@ -20,24 +20,24 @@ async def register_order(request: web.Request) -> web.Response:
     try:
         data = orjson.loads(await read_body(request))
     except orjson.JSONDecodeError:
-        return json_error(400, "body is not valid JSON")
+        return problem(400, "invalid_request", "body is not valid JSON")
     if not isinstance(data, dict):
-        return json_error(400, "body must be a JSON object")
+        return problem(400, "invalid_request", "body must be a JSON object")
     try:
         order = parse_new_order(data)
     except OrderValidationError as e:
-        return json_error(400, "invalid order", fields=e.fields)
+        return problem(400, "invalid_order", "invalid order", detail=str(e), fields=e.fields)
     try:
         row, created = await orders_sql.register_order(request.app[DB_POOL], order)
     except orders_sql.OrderConflictError as e:
-        return json_error(409, str(e))
+        return problem(409, "order_conflict", str(e))
     return json_response(order_json(row), status=201 if created else 200)
 
 
 async def get_order(request: web.Request) -> web.Response:
     row = await orders_sql.order_by_id(request.app[DB_POOL], request.match_info["order_id"])
     if row is None:
-        return json_error(404, "order not found")
+        return problem(404, "not_found", "order not found")
     return json_response(order_json(row))
 
 
@@ -56,7 +56,7 @@ async def get_payment(request: web.Request) -> web.Response:
         missing = str(e)
     view = await payment_view(request.app[DB_POOL], payment_id, letters)
     if view is None:
-        return json_error(404, "payment not found")
+        return problem(404, "not_found", "payment not found")
     if missing is not None:
         view["dead_letters_unavailable"] = missing
     return json_response(view)

@@ -109,6 +109,77 @@ async def test_order_lookup(api: TestClient) -> None:
     assert missing.status == 404
 
 
+async def test_an_order_id_with_braces_or_a_slash_is_found(api: TestClient) -> None:
+    order = {**ORDER, "order_id": "ord/{1}", "payment_id": "pay/{1}", "user_id": "u/{1}"}
+    assert (await api.post("/api/orders", json=order, headers=TOKEN)).status == 201
+
+    found = await api.get("/api/orders/ord%2F%7B1%7D", headers=TOKEN)
+    payment = await api.get("/api/payments/pay%2F%7B1%7D", headers=TOKEN)
+    bonus = await api.get("/api/users/u%2F%7B1%7D/bonus", headers=TOKEN)
+
+    assert (found.status, (await found.json())["order_id"]) == (200, "ord/{1}")
+    assert (payment.status, (await payment.json())["order"]["order_id"]) == (200, "ord/{1}")
+    assert (bonus.status, (await bonus.json())["user_id"]) == (200, "u/{1}")
+
+
+async def test_errors_are_problem_details_with_a_stable_code(api: TestClient) -> None:
+    response = await api.get("/api/orders/nope", headers=TOKEN)
+
+    assert response.status == 404
+    assert response.content_type == "application/problem+json"
+    assert await response.json() == {
+        "type": "urn:payhooks:problem:not_found",
+        "title": "Not found",
+        "status": 404,
+        "detail": "order not found",
+        "code": "not_found",
+        "error": "order not found",  # as before problem details
+    }
+
+
+@pytest.mark.parametrize("field", ["order_id", "payment_id", "user_id", "email"])
+async def test_nul_in_an_order_field_is_400_naming_it(api: TestClient, db: Any, field: str) -> None:
+    # PostgreSQL refuses NUL in text: this was a 500.
+    value = "buyer\x00@example.test" if field == "email" else "id\x00"
+
+    response = await api.post("/api/orders", json={**ORDER, field: value}, headers=TOKEN)
+
+    assert response.status == 400
+    problem = await response.json()
+    assert (problem["code"], problem["error"]) == ("invalid_order", "invalid order")
+    assert problem["fields"] == {field: "must not contain NUL characters"}
+    assert field in problem["detail"]
+    assert await db.fetchval("SELECT count(*) FROM orders") == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("currency", "USD\n"), ("amount", "100.00\n")])
+async def test_a_trailing_newline_is_not_a_valid_amount_or_currency(
+    api: TestClient, db: Any, field: str, value: str
+) -> None:
+    response = await api.post("/api/orders", json={**ORDER, field: value}, headers=TOKEN)
+
+    assert response.status == 400
+    assert set((await response.json())["fields"]) == {field}
+    assert await db.fetchval("SELECT count(*) FROM orders") == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/api/orders/%00", "order_id"),
+        ("/api/payments/pay%00x", "payment_id"),
+        ("/api/users/%00/bonus", "user_id"),
+    ],
+)
+async def test_nul_in_a_path_id_is_400_naming_it(api: TestClient, path: str, name: str) -> None:
+    response = await api.get(path, headers=TOKEN)
+
+    assert response.status == 400
+    problem = await response.json()
+    assert problem["code"] == "invalid_request"
+    assert problem["error"] == f"{name} must not contain NUL characters"
+
+
 # --- JSON everywhere, RabbitMQ down ----------------------------------------------------------
 
 
@@ -137,8 +208,10 @@ async def test_dlq_routes_without_rabbitmq_are_503_json_with_retry_after(
         )
 
         assert response.status == 503, path
-        assert response.content_type == "application/json", path
-        assert "RabbitMQ" in (await response.json())["error"], path
+        assert response.content_type == "application/problem+json", path
+        problem = await response.json()
+        assert "RabbitMQ" in problem["error"], path
+        assert (problem["code"], problem["status"]) == ("unavailable", 503), path
         assert int(response.headers["Retry-After"]) > 0, path
 
 

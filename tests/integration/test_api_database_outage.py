@@ -59,8 +59,10 @@ async def _assert_unavailable(
     elapsed_s = time.monotonic() - started
 
     assert response.status == 503, (path, await response.text())
-    assert response.content_type == "application/json"
-    assert "PostgreSQL" in (await response.json())["error"]
+    assert response.content_type == "application/problem+json"
+    problem = await response.json()
+    assert "PostgreSQL" in problem["error"]
+    assert problem["code"] == "unavailable"
     assert int(response.headers["Retry-After"]) > 0
     assert elapsed_s < within_s, f"{path} answered after {elapsed_s:.1f}s"
 

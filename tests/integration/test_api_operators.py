@@ -4,6 +4,7 @@ and the workers, and the DLQ routes over a real RabbitMQ."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from typing import Any
 
@@ -154,7 +155,11 @@ async def test_every_operator_route_refuses_a_missing_or_wrong_token_and_changes
     for method, path, body in PROTECTED:
         response = await api.request(method, path, json=body, headers=headers)
         status, payload = await answer(response)
-        assert (status, payload) == (401, {"error": "missing or invalid admin token"}), path
+        assert status == 401, path
+        assert (payload["code"], payload["error"]) == (
+            "unauthorized",
+            "missing or invalid admin token",
+        ), path
 
     assert await db.fetchval("SELECT count(*) FROM orders") == 0
     expected = {orders.dlq: [letter.id], orders.name: []}
@@ -352,7 +357,15 @@ async def test_requeue_with_a_non_boolean_dry_run_is_400_and_moves_nothing(
 
 
 async def test_dlq_page_outside_bounds_is_400(api: TestClient) -> None:
-    for query in ("limit=abc", "limit=0", "limit=1001", "offset=-1", "offset=x"):
+    for query in (
+        "limit=abc",
+        "limit=0",
+        "limit=1001",
+        "offset=-1",
+        "offset=x",
+        "offset=1_0",  # int() would take it
+        "offset=99999999999999999999999",  # was a 500: too big for JSON's 64-bit numbers
+    ):
         status, payload = await answer(await api.get(f"/api/dlq/orders?{query}", headers=AUTH))
 
         assert status == 400, query
@@ -419,6 +432,87 @@ async def test_dlq_show_pages_through_messages_in_order_without_moving_them(
     assert past_the_end[1]["messages"] == []
     expected = {orders.dlq: [x.id for x in letters], orders.name: []}
     assert await queue_ids(channel, expected) == expected
+
+
+async def pages(api: TestClient, first: str) -> list[dict[str, Any]]:
+    """Every page from `first` on, following next_cursor."""
+    found = []
+    query: str | None = first
+    while query is not None:
+        status, page = await answer(await api.get(f"/api/dlq/orders?{query}", headers=AUTH))
+        assert status == 200, page
+        found.append(page)
+        cursor = page["next_cursor"]
+        query = None if cursor is None else f"limit={page['limit']}&cursor={cursor}"
+    return found
+
+
+async def test_dlq_cursor_pages_through_every_message_once_in_order(
+    api: TestClient, channel: AbstractChannel, orders: WorkQueue
+) -> None:
+    letters = [Letter(failed_at=BASE_TIME + dt.timedelta(minutes=i)) for i in range(5)]
+    await put_dead_letters(channel, orders, letters)
+
+    by_cursor = await pages(api, "limit=2")
+    by_offset = await pages(api, "limit=2&offset=1")  # deprecated, and given a cursor too
+
+    assert [[m["id"] for m in p["messages"]] for p in by_cursor] == [
+        [letters[0].id, letters[1].id],
+        [letters[2].id, letters[3].id],
+        [letters[4].id],
+    ]
+    assert [p["offset"] for p in by_cursor] == [0, 2, 4]
+    assert [m["id"] for p in by_offset for m in p["messages"]] == [x.id for x in letters[1:]]
+    expected = {orders.dlq: [x.id for x in letters], orders.name: []}
+    assert await queue_ids(channel, expected) == expected
+
+
+async def test_dlq_cursor_whose_message_left_starts_again_at_the_head(
+    api: TestClient, channel: AbstractChannel, orders: WorkQueue
+) -> None:
+    # An operator requeueing each page as they read it: nothing left behind is skipped.
+    letters = [Letter() for _ in range(5)]
+    await put_dead_letters(channel, orders, letters)
+    _, first = await answer(await api.get("/api/dlq/orders?limit=2", headers=AUTH))
+    seen = [m["id"] for m in first["messages"]]
+    requeued = await api.post("/api/dlq/orders/requeue", json={"ids": seen}, headers=AUTH)
+    assert requeued.status == 200
+
+    status, second = await answer(
+        await api.get(f"/api/dlq/orders?limit=2&cursor={first['next_cursor']}", headers=AUTH)
+    )
+
+    assert status == 200
+    assert [m["id"] for m in second["messages"]] == [letters[2].id, letters[3].id]
+    assert (second["offset"], second["total"]) == (0, 3)
+
+
+def encoded(value: object) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(value)).decode()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "cursor=",
+        "cursor=%00",
+        "cursor=%C3%A9",
+        f"cursor={base64.urlsafe_b64encode(b'nope').decode()}",
+        f"cursor={encoded([0, 'evt'])}",
+        f"cursor={encoded([True, 'evt'])}",
+        f"cursor={encoded(['1', 'evt'])}",
+        f"cursor={encoded([2**31, 'evt'])}",
+        f"cursor={encoded([1, 2])}",
+        f"cursor={encoded({'a': 1, 'b': 2})}",
+        f"cursor={encoded([1, 'evt'])}&offset=0",
+    ],
+)
+async def test_dlq_cursor_not_given_by_the_api_is_400(api: TestClient, query: str) -> None:
+    status, payload = await answer(await api.get(f"/api/dlq/orders?{query}", headers=AUTH))
+
+    assert status == 400, payload
+    assert payload["code"] == "invalid_request"
+    assert "cursor" in payload["error"]
 
 
 @pytest.mark.parametrize(
