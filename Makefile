@@ -58,7 +58,10 @@ migrate: install
 # The whole system on one machine: `payhooks run all` (one process per service, prefixed
 # logs, restarts, Ctrl-C stops all, a dev SMTP sink on :1025). Dev secret and admin token
 # when none are configured: never use them outside your machine.
+# PostgreSQL and RabbitMQ are checked first (scripts/preflight.py): a missing one stops it at
+# once, named, with how to start it.
 run: install
+	@$(PY) scripts/preflight.py
 	XHUB_WEBHOOK_SECRETS=$${XHUB_WEBHOOK_SECRETS:-dev-secret} ADMIN_TOKEN=$${ADMIN_TOKEN:-dev-admin-token} \
 	$(BIN)/payhooks run all
 
@@ -93,28 +96,8 @@ soak: install
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-# See it work: the whole system plus the X-Hub simulator driving a few hundred payments with
-# duplicates, reordering and lost webhooks (repaired by the reconciler against the simulator's
-# API), then a check of every payment against what payhooks did. Own database and queue prefix.
-DEMO_ENV := DATABASE_URL=postgresql://postgres@127.0.0.1:5432/payhooks_demo AMQP_PREFIX=demo. \
-	XHUB_WEBHOOK_SECRETS=demo-secret ADMIN_TOKEN=demo-admin-token \
-	XHUB_API_URL=http://127.0.0.1:8090 XHUB_API_KEY=demo-provider-key \
-	RECONCILE_INTERVAL=2 RECONCILE_AFTER=3 RETRY_DELAYS=0.5,1,2 LOG_LEVEL=WARNING
+# See it work: the whole system plus the X-Hub simulator driving 300 payments with duplicates,
+# reordering and lost webhooks, then a check of every payment (scripts/demo.sh says how). Own
+# database and queue prefix; dependencies checked first, every wait bounded.
 demo: install
-	@export $(DEMO_ENV); \
-	$(BIN)/payhooks run all > demo.log 2>&1 & supervisor=$$!; \
-	trap 'kill $$supervisor 2>/dev/null; wait $$supervisor' EXIT INT TERM; \
-	for port in 8080 8081 9101 9102 9103 9104; do \
-		until curl -sf localhost:$$port/readyz >/dev/null; do sleep 0.5; done; done; \
-	$(BIN)/payhooks sim --payments 300 --duplicates 0.1 --reorder 0.2 --lost 0.03 \
-		--concurrency 10 --linger 10 --check > demo-summary.txt; status=$$?; \
-	for port in 8080 8081 9101 9102 9103 9104; do \
-		echo "# localhost:$$port/metrics"; curl -sf localhost:$$port/metrics | grep '^payhooks_'; done > demo-metrics.txt; \
-	head -n 1 demo-summary.txt; grep '^MISMATCH' demo-summary.txt; sed -n '/^check:/,$$p' demo-summary.txt; \
-	echo; echo "where to look:"; \
-	echo "  demo-summary.txt  every delivery and payment with its expected outcome"; \
-	echo "  demo-metrics.txt  /metrics of every service at the end (payhooks_* series)"; \
-	echo "  demo.log          the services' logs"; \
-	echo "  one payment:      DATABASE_URL=postgresql://postgres@127.0.0.1:5432/payhooks_demo AMQP_PREFIX=demo. $(BIN)/payhooks payment show <id>"; \
-	echo "  live:             make run, then curl localhost:8080/metrics (ingest), localhost:8081/metrics (queues, DLQs)"; \
-	exit $$status
+	@BIN=$(BIN) bash scripts/demo.sh

@@ -22,6 +22,7 @@ from collections import Counter
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -138,16 +139,23 @@ def compose_env(service: dict[str, Any]) -> dict[str, str]:
     return {key: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value)) for key, value in raw.items()}
 
 
-def host_ports(service: dict[str, Any]) -> list[int]:
-    ports = []
+def host_bindings(service: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(host address, host port, container port) of every published port; no address: all."""
+    bindings = []
     for entry in service.get("ports", []):
         if isinstance(entry, dict):
-            ports.append(int(entry["published"]))
+            address = entry.get("host_ip", "0.0.0.0")
+            bindings.append((address, int(entry["published"]), int(entry["target"])))
             continue
         parts = str(entry).split("/")[0].split(":")
         assert len(parts) in (2, 3), f"{entry!r}: publish host ports explicitly"
-        ports.append(int(parts[-2]))
-    return ports
+        address = parts[0] if len(parts) == 3 else "0.0.0.0"
+        bindings.append((address, int(parts[-2]), int(parts[-1])))
+    return bindings
+
+
+def host_ports(service: dict[str, Any]) -> list[int]:
+    return [port for _, port, _ in host_bindings(service)]
 
 
 def test_compose_has_the_payhooks_services() -> None:
@@ -199,6 +207,56 @@ def test_compose_host_ports_do_not_clash() -> None:
     services = compose()["services"]
     assert host_ports(services["ingest"]) == [8080]
     assert host_ports(services["api"]) == [8081]
+
+
+def test_compose_publishes_on_loopback_only() -> None:
+    # Dev credentials (PostgreSQL with trust, guest/guest, dev secrets, anonymous Grafana):
+    # never on 0.0.0.0, where the machine's network reaches them.
+    for name, service in compose()["services"].items():
+        for address, port, _ in host_bindings(service):
+            assert address == "127.0.0.1", f"{name}: port {port} published on {address}"
+
+
+def test_compose_backing_services_serve_the_default_urls() -> None:
+    """`docker compose up -d --wait postgres rabbitmq`, then `make run`, `make demo` and
+    `make test` with no variable set: the defaults' ports, users and passwords."""
+    services = compose()["services"]
+    postgres, rabbitmq = services["postgres"], services["rabbitmq"]
+    defaults = Settings.from_env({})
+    database = urlsplit(defaults.database_url)
+    broker = urlsplit(defaults.amqp_url)
+    assert (database.hostname, database.port, broker.hostname, broker.port) == (
+        "127.0.0.1", 5432, "127.0.0.1", 5672,
+    )  # fmt: skip
+    assert ("127.0.0.1", 5432, 5432) in host_bindings(postgres)
+    assert ("127.0.0.1", 5672, 5672) in host_bindings(rabbitmq)
+    assert ("127.0.0.1", 15672, 15672) in host_bindings(rabbitmq)  # management UI
+    # The tests' defaults (tests/conftest.py) are the same servers and users.
+    conftest = CONFTEST.read_text()
+    for variable, default in (("TEST_DATABASE_URL", database), ("TEST_AMQP_URL", broker)):
+        match = re.search(rf'"{variable}",\s*"([^"]+)"', conftest)
+        assert match, variable
+        test_url = urlsplit(match.group(1))
+        assert (test_url.hostname, test_url.port) == (default.hostname, default.port), variable
+        assert (test_url.username, test_url.password) == (default.username, default.password)
+    # PostgreSQL: the default's user, and no password asked when the default has none.
+    environment = postgres["environment"]
+    assert database.username == environment.get("POSTGRES_USER", "postgres")
+    if database.password is None:
+        assert environment.get("POSTGRES_HOST_AUTH_METHOD") == "trust"
+    else:
+        assert environment.get("POSTGRES_PASSWORD") == database.password
+    # The services inside compose log in as the default user too (one set of dev credentials).
+    inside = urlsplit(compose_env(services["ingest"])["DATABASE_URL"])
+    assert (inside.username, inside.password) == (database.username, database.password)
+    # RabbitMQ: definitions.json holds the compose AMQP_URL's user (compose_rabbitmq_max_queues
+    # checks its password hash); the default URL logs in with the same.
+    inside = urlsplit(compose_env_amqp_url())
+    assert (inside.username, inside.password) == (broker.username, broker.password)
+    compose_rabbitmq_max_queues()
+    # Healthy means accepting connections (`--wait` waits for it), not merely running.
+    assert "127.0.0.1" in postgres["healthcheck"]["test"]  # pg_isready over TCP
+    assert "check_port_connectivity" in rabbitmq["healthcheck"]["test"]
 
 
 def test_compose_depends_on_and_healthchecks() -> None:
@@ -352,6 +410,10 @@ def test_readme_start_here_commands_exist() -> None:
         assert target in targets, target
     assert "`docker compose up`" in start
     assert "`docker compose run --rm test`" in start
+    # Docker for the backing services only, then the make targets on this machine.
+    backing = re.search(r"`docker compose up -d --wait ([a-z ]+)`", start)
+    assert backing, "README's command for PostgreSQL and RabbitMQ in Docker"
+    assert backing.group(1).split() == ["postgres", "rabbitmq"]
     assert "test" in compose()["services"]
     demo = re.search(
         r"`RECONCILE_AFTER=(\d+) RECONCILE_INTERVAL=(\d+) docker compose --profile demo up`", start

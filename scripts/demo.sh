@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# `make demo`: the whole system (`payhooks run all`) plus the X-Hub simulator driving 300
+# payments with duplicates, reordering and lost webhooks (repaired by the reconciler against
+# the simulator's API), then a check of every payment against what payhooks did.
+# Own database (payhooks_demo on DATABASE_URL's server) and queue prefix (demo.).
+# Nothing waits unbounded: PostgreSQL and RabbitMQ are checked first (scripts/preflight.py),
+# the services get DEMO_READY_TIMEOUT seconds to be ready, the simulator DEMO_SIM_TIMEOUT;
+# whatever this script started is stopped when it ends, however it ends.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${BIN:-.venv/bin}
+READY_TIMEOUT=${DEMO_READY_TIMEOUT:-60}
+SIM_TIMEOUT=${DEMO_SIM_TIMEOUT:-300}
+SERVICE_PORTS=(8080 8081 9101 9102 9103 9104)  # ingest, api, orders, bonuses, email, reconciler
+SIM_PORT=8090
+LOG=demo.log
+
+command -v curl >/dev/null || { echo "payhooks demo: needs curl" >&2; exit 1; }
+
+# The configured server (DATABASE_URL, else shared/config.py's default), database payhooks_demo.
+DATABASE_URL=$("$BIN/python" -c '
+import os, sys, urllib.parse
+sys.path.insert(0, ".")
+from shared.config import Settings
+url = Settings.from_env({k: os.environ[k] for k in ["DATABASE_URL"] if k in os.environ}).database_url
+print(urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/payhooks_demo")))')
+export DATABASE_URL AMQP_PREFIX=demo. LOG_LEVEL=WARNING \
+    XHUB_WEBHOOK_SECRETS=demo-secret ADMIN_TOKEN=demo-admin-token \
+    XHUB_API_URL=http://127.0.0.1:$SIM_PORT XHUB_API_KEY=demo-provider-key \
+    RECONCILE_INTERVAL=2 RECONCILE_AFTER=3 RETRY_DELAYS=0.5,1,2 \
+    INGEST_PORT=8080 API_PORT=8081 ORDERS_PORT=9101 BONUSES_PORT=9102 EMAIL_PORT=9103 \
+    RECONCILER_PORT=9104
+
+"$BIN/python" scripts/preflight.py --port "$SIM_PORT"
+
+supervisor=
+stop_all() {
+    [[ -n $supervisor ]] && kill -0 "$supervisor" 2>/dev/null || return 0
+    # The supervisor stops its services (each gets up to 20 s); SIGKILL only past that.
+    kill -TERM "$supervisor" 2>/dev/null || true
+    for _ in $(seq 1 120); do
+        kill -0 "$supervisor" 2>/dev/null || break
+        sleep 0.25
+    done
+    if kill -0 "$supervisor" 2>/dev/null; then
+        local children
+        children=$(pgrep -P "$supervisor" || true)
+        kill -KILL "$supervisor" $children 2>/dev/null || true
+    fi
+    wait "$supervisor" 2>/dev/null || true
+}
+trap stop_all EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+fail() {
+    echo "payhooks demo: $1; stopping everything it started. Last lines of $LOG:" >&2
+    if [[ -s $LOG ]]; then tail -n 30 "$LOG" >&2; else echo "  (empty)" >&2; fi
+    exit 1
+}
+
+"$BIN/payhooks" run all >"$LOG" 2>&1 &
+supervisor=$!
+
+deadline=$((SECONDS + READY_TIMEOUT))
+for port in "${SERVICE_PORTS[@]}"; do
+    until curl -sf --max-time 2 "localhost:$port/readyz" >/dev/null; do
+        kill -0 "$supervisor" 2>/dev/null || fail "payhooks run all exited"
+        if grep -q ' exited with .*; restarting' "$LOG"; then
+            fail "a service exited while starting"
+        fi
+        ((SECONDS < deadline)) || fail "not ready within $READY_TIMEOUT s (localhost:$port/readyz)"
+        sleep 0.5
+    done
+done
+
+sim=("$BIN/payhooks" sim --payments 300 --duplicates 0.1 --reorder 0.2 --lost 0.03
+    --concurrency 10 --linger 10 --check)
+if command -v timeout >/dev/null; then
+    sim=(timeout --foreground "$SIM_TIMEOUT" "${sim[@]}")  # Ctrl-C reaches the simulator
+fi
+status=0
+"${sim[@]}" >demo-summary.txt || status=$?
+
+for port in "${SERVICE_PORTS[@]}"; do
+    echo "# localhost:$port/metrics"
+    curl -sf --max-time 5 "localhost:$port/metrics" | grep '^payhooks_' || true
+done >demo-metrics.txt
+
+head -n 1 demo-summary.txt || true
+grep '^MISMATCH' demo-summary.txt || true
+sed -n '/^check:/,$p' demo-summary.txt
+if ((status == 124)); then
+    echo "payhooks demo: the simulator did not finish within $SIM_TIMEOUT s" >&2
+fi
+if ((status != 0)); then
+    echo "payhooks demo: failed (exit $status). Last lines of $LOG:" >&2
+    tail -n 20 "$LOG" >&2
+fi
+if grep -q ' exited with .*; restarting' "$LOG"; then
+    echo "payhooks demo: a service exited during the run and was restarted: grep 'exited with' $LOG"
+fi
+show_url=$DATABASE_URL
+if [[ $("$BIN/python" -c 'import sys, urllib.parse; print(urllib.parse.urlsplit(sys.argv[1]).password or "")' "$DATABASE_URL") ]]; then
+    show_url="<DATABASE_URL with database payhooks_demo>"
+fi
+echo
+echo "where to look:"
+echo "  demo-summary.txt  every delivery and payment with its expected outcome"
+echo "  demo-metrics.txt  /metrics of every service at the end (payhooks_* series)"
+echo "  $LOG          the services' logs"
+echo "  one payment:      DATABASE_URL=$show_url AMQP_PREFIX=demo. $BIN/payhooks payment show <id>"
+echo "  live:             make run, then curl localhost:8080/metrics (ingest), localhost:8081/metrics (queues, DLQs)"
+exit "$status"
