@@ -10,6 +10,11 @@ import orjson
 from shared.errors import PermanentError
 from shared.topology import message_id
 
+# The `order.*` messages are a contract shops may consume (README, "Integrating with your
+# shop"): every one carries this in its `schema` header. Within version 1 fields are only ever
+# added; a change that breaks a consumer gets a new version, published beside it for a release.
+ORDER_TRANSITION_SCHEMA = "payhooks.order_transition/1"
+
 
 class InvalidMessageError(PermanentError):
     """A message body that can never be processed (goes straight to the DLQ)."""

@@ -11,6 +11,7 @@ import asyncpg
 import structlog
 
 from shared.broker import Broker
+from shared.messages import ORDER_TRANSITION_SCHEMA
 from shared.outgoing import Outgoing
 from shared.queries import outbox as outbox_sql
 from shared.tasks import keep_running
@@ -18,6 +19,7 @@ from shared.tasks import keep_running
 log = structlog.get_logger(__name__)
 
 _BATCH = 200
+_HEADERS = {"schema": ORDER_TRANSITION_SCHEMA}  # every outbox row is an order transition
 _PUBLISH_TIMEOUT_S = 5.0
 
 
@@ -50,7 +52,7 @@ class OutboxRelay:
             if not rows:
                 return 0
             messages = [
-                Outgoing(r.routing_key, r.body, r.message_id, r.routing_key, {}) for r in rows
+                Outgoing(r.routing_key, r.body, r.message_id, r.routing_key, _HEADERS) for r in rows
             ]
             results = await self._broker.publish_many(messages, _PUBLISH_TIMEOUT_S)
             # Every confirmed row is marked, whatever failed before it: all of them were sent,

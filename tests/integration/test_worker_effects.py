@@ -30,6 +30,7 @@ from shared.batches import BatchHandler, Delivery, Handler, Result, one_by_one
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
+from shared.messages import ORDER_TRANSITION_SCHEMA
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
 from shared.outbox import OutboxRelay
 from shared.outgoing import to_message
@@ -585,6 +586,7 @@ async def test_relay_marks_every_confirmed_row_even_after_one_that_fails(
     assert sorted(m.message_id for m in delivered if m.message_id != "evt_poison:order.paid") == [  # type: ignore[type-var]
         f"evt_{i}:order.paid" for i in range(5)
     ]  # each once: a second pass did not send them again
+    assert {(m.headers or {}).get("schema") for m in delivered} == {ORDER_TRANSITION_SCHEMA}
 
 
 async def test_refund_completed_delivered_after_its_reversal_leaves_the_order_paid(
