@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from services.orders.handler import WORKER, make_handler
+from services.orders.outbox import OutboxRelay
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.db import DB_POOL
 from shared.metrics import OrderMetrics, WorkerMetrics
-from shared.outbox import OutboxRelay
 from shared.service import Service
 from shared.tasks import background
 from shared.worker import BATCH_SIZE, BATCHERS

@@ -10,12 +10,12 @@ import asyncpg
 import orjson
 import structlog
 
+from services.orders.outbox import OutboxRelay
 from shared.batches import BatchHandler, Delivery, Step, in_one_transaction
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import OrderMetrics
 from shared.order_machine import REFUND_FAILURES, UNDECIDED, OrderState, decide
-from shared.outbox import OutboxRelay
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
 from shared.queries import processed as processed_sql

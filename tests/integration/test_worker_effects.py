@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from services.ingest.accept import outgoing
 from services.orders.handler import make_handler as orders_handler
+from services.orders.outbox import OutboxRelay
 from services.sim.summary import expected_final_status
 from shared.batches import BatchHandler, Delivery, Handler, Result, one_by_one
 from shared.broker import Broker
@@ -32,7 +33,6 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.messages import ORDER_TRANSITION_SCHEMA
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
-from shared.outbox import OutboxRelay
 from shared.outgoing import to_message
 from shared.topology import Topology, declare
 from shared.vocabulary import OrderStatus

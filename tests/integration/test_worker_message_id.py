@@ -19,12 +19,12 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from services.orders.handler import make_handler as orders_handler
+from services.orders.outbox import OutboxRelay
 from shared.batches import BatchHandler
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
-from shared.outbox import OutboxRelay
 from shared.topology import Topology, declare
 from shared.worker import Worker
 from tests.helpers import drain, eventually, payment_event
