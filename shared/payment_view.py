@@ -9,6 +9,7 @@ import orjson
 
 from shared.db import Executor
 from shared.dlq import DeadLetter
+from shared.inbox_view import webhook_json
 from shared.order_input import order_json
 from shared.queries import emails as emails_sql
 from shared.queries import inbox as inbox_sql
@@ -47,18 +48,8 @@ async def payment_view(
                     "received_at": _iso(row["received_at"]),
                 }
             )
-        events.append(
-            {
-                "event_id": row["event_id"],
-                "event": row["event_type"],
-                "status": status,
-                "received_at": _iso(row["received_at"]),
-                "duplicates": row["duplicates"],
-                "published": row["published"],
-                # What the orders worker decided, or where the event is if not yet processed.
-                "outcome": _outcome(row, dead.get(row["event_id"])),
-            }
-        )
+        # Besides what every view says about a webhook, the payment's status it reports.
+        events.append({**webhook_json(row, dead.get(row["event_id"])), "status": status})
     undecided = None
     if order is not None and order["undecided_since"] is not None:
         undecided = {"reason": order["undecided_reason"], "since": _iso(order["undecided_since"])}
@@ -101,14 +92,6 @@ async def payment_view(
         ],
         "dead_letters": [d.as_json() for d in dead_letters if d.payment_id == payment_id],
     }
-
-
-def _outcome(row: Any, dead: DeadLetter | None) -> str:
-    if row["processed_outcome"]:
-        return str(row["processed_outcome"])
-    if dead is not None:
-        return f"dead_lettered: {dead.reason}"
-    return "queued" if row["published"] else "stored, not yet published"
 
 
 async def user_bonus(conn: Executor, user_id: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from services.api import dlq_routes, errors, monitor, openapi, order_routes
+from services.api import dlq_routes, errors, event_routes, monitor, openapi, order_routes
 from services.api.dlq_access import DLQ_ACCESS, DlqAccess
 from services.api.responses import json_response, problem
 from shared.broker import BROKER, broker_ctx
@@ -25,7 +25,7 @@ from shared.web import base_app
 # token, like the probes and the scrape.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", openapi.PATH})
 # Path parameters that reach PostgreSQL, checked here once for every route that takes one.
-_PATH_IDS = ("order_id", "payment_id", "user_id")
+_PATH_IDS = ("order_id", "payment_id", "user_id", "event_id")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -94,6 +94,8 @@ def create_app(
     app.router.add_get("/api/orders/{order_id:[^/]+}", order_routes.get_order)
     app.router.add_get("/api/payments/{payment_id:[^/]+}", order_routes.get_payment)
     app.router.add_get("/api/users/{user_id:[^/]+}/bonus", order_routes.get_user_bonus)
+    app.router.add_get("/api/events", event_routes.list_events)
+    app.router.add_get("/api/events/{event_id:[^/]+}", event_routes.get_event)
     app.router.add_get("/api/dlq", dlq_routes.list_dlqs)
     app.router.add_get("/api/dlq/{queue}", dlq_routes.show_dlq)
     app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)

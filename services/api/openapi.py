@@ -7,7 +7,7 @@ from typing import Any
 
 from services.api.dlq_routes import MAX_OFFSET, MAX_PAGE
 from services.api.responses import PROBLEM_JSON, PROBLEMS
-from shared import dlq, unrouted
+from shared import dlq, inbox_view, unrouted
 from shared.vocabulary import OrderStatus
 
 PATH = "/api/openapi.json"
@@ -99,6 +99,59 @@ _QUEUE = {
     "description": "the work queue whose DLQ this is; any other name is 404",
 }
 
+# A stored webhook as every view describes it (shared/inbox_view.py webhook_json).
+_WEBHOOK: dict[str, Schema] = {
+    "event_id": _STR,
+    "event": _STR,
+    "payment_id": _nullable(_STR),
+    "received_at": _TIME,
+    "duplicates": {"type": "integer", "description": "copies received after the first"},
+    "published": {"type": "boolean", "description": "RabbitMQ confirmed its publish"},
+    "outcome": {
+        "type": "string",
+        "description": (
+            "what the orders worker decided, else `dead_lettered: <reason>` (where the DLQs are"
+            f" read), `{inbox_view.QUEUED}` or `{inbox_view.UNPUBLISHED}`"
+        ),
+    },
+}
+_EVENT_QUERY: list[Schema] = [
+    {"name": "payment_id", "in": "query", "schema": _STR},
+    {"name": "event", "in": "query", "schema": {**_STR, "examples": ["refund.failed"]}},
+    {
+        "name": "outcome",
+        "in": "query",
+        "schema": {"type": "string", "enum": list(inbox_view.OUTCOME_FILTERS)},
+        "description": "a decision of the orders worker, or "
+        + "; ".join(f"`{k}`: {v}" for k, v in inbox_view.OUTCOME_GROUPS.items()),
+    },
+    *(
+        {
+            "name": name,
+            "in": "query",
+            "schema": _STR,
+            "description": f"received {word} (inclusive); ISO 8601, UTC without an offset",
+        }
+        for name, word in (("since", "at or after"), ("until", "at or before"))
+    ),
+    {
+        "name": "cursor",
+        "in": "query",
+        "schema": _STR,
+        "description": "opaque: the `next_cursor` of the page before",
+    },
+    {
+        "name": "limit",
+        "in": "query",
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": inbox_view.MAX_LIMIT,
+            "default": inbox_view.DEFAULT_LIMIT,
+        },
+    },
+]
+
 _SCHEMAS: dict[str, Schema] = {
     "Problem": {
         "description": "RFC 9457 problem details, plus `code` and the older `error`.",
@@ -183,13 +236,8 @@ _SCHEMAS: dict[str, Schema] = {
             "events": _list(
                 _object(
                     {
-                        "event_id": _STR,
-                        "event": _STR,
+                        **_WEBHOOK,
                         "status": {"description": "the event's status, as the provider sent it"},
-                        "received_at": _TIME,
-                        "duplicates": _INT,
-                        "published": {"type": "boolean"},
-                        "outcome": _STR,
                     }
                 )
             ),
@@ -229,6 +277,35 @@ _SCHEMAS: dict[str, Schema] = {
                     }
                 )
             ),
+            "dead_letters": _list(_ref("DeadLetter")),
+            "dead_letters_unavailable": {
+                "type": "string",
+                "description": "present when the DLQs could not be read (RabbitMQ down, busy)",
+            },
+        },
+        optional=("dead_letters_unavailable",),
+    ),
+    "Event": _object(_WEBHOOK),
+    "EventPage": _object(
+        {
+            "events": _list(_ref("Event")),
+            "next_cursor": {
+                **_nullable(_STR),
+                "description": "`cursor` of the next page; null on the last one",
+            },
+        }
+    ),
+    "EventDetail": _object(
+        {
+            **_WEBHOOK,
+            "last_seen_at": {**_TIME, "description": "when its latest copy came"},
+            "headers": {
+                "type": "object",
+                "additionalProperties": _STR,
+                "description": "as received, without the signature and other credentials",
+            },
+            "body": {"description": "the JSON it holds, or its text (body_format)"},
+            "body_format": {"enum": ["json", "text"]},
             "dead_letters": _list(_ref("DeadLetter")),
             "dead_letters_unavailable": {
                 "type": "string",
@@ -386,6 +463,41 @@ _PATHS: dict[str, Any] = {
             "parameters": [_path_id("user_id", "the shop's user id")],
             "responses": _protected(
                 {"200": _ok(_ref("UserBonus"), "balance and entries"), **_ID_ANSWERS},
+                unavailable=("unavailable",),
+            ),
+        }
+    },
+    "/api/events": {
+        "get": {
+            "summary": "The inbox's webhooks, newest first, filtered (all filters must hold)",
+            "description": (
+                "Page with `cursor`: events that arrive meanwhile are newer and never move a"
+                " page; each event is on one page only. `outcome` is derived, so no index holds"
+                f" it: a page filtered by it reads at most {inbox_view.MAX_SCAN} events and may"
+                " hold fewer than `limit` (even none) with a `next_cursor`: follow it."
+            ),
+            "parameters": _EVENT_QUERY,
+            "responses": _protected(
+                {
+                    "200": _ok(_ref("EventPage"), "the page"),
+                    "400": _problem("a bad filter, limit or cursor", "invalid_request"),
+                },
+                unavailable=("unavailable",),
+            ),
+        }
+    },
+    "/api/events/{event_id}": {
+        "get": {
+            "summary": "One webhook: headers, body, outcome and any dead letter of it",
+            "parameters": [_path_id("event_id", "the provider's event id (X-Webhook-Id)")],
+            "responses": _protected(
+                {
+                    "200": _ok(
+                        _ref("EventDetail"), "the event; without RabbitMQ, from the database"
+                    ),
+                    **_ID_ANSWERS,
+                    "404": _problem("no such event in the inbox", "not_found"),
+                },
                 unavailable=("unavailable",),
             ),
         }

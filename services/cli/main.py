@@ -15,7 +15,7 @@ from typing import Any
 
 from dotenv import load_dotenv
 
-from services.cli import commands, migrations, run_all, send
+from services.cli import commands, events, migrations, run_all, send
 from services.cli.registry import SERVICES
 from services.sim import run as sim_run
 from shared import dlq, dlq_lock
@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("payment_id")
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=commands.payment_show)
+
+    events.add_arguments(subcommands.add_parser("event", help="webhooks in the inbox"))
 
     dlq = subcommands.add_parser("dlq", help="dead-letter queues").add_subparsers(
         dest="subcommand", required=True

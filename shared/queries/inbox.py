@@ -3,7 +3,9 @@ holds the ids whose publish RabbitMQ has not confirmed yet."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime as dt
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,16 +134,99 @@ async def lock_unpublished(db: Executor, older_than_s: float, limit: int) -> lis
     return [Unpublished(**dict(r)) for r in rows]
 
 
+# A stored webhook as the views describe it: whether RabbitMQ confirmed it, and what the orders
+# worker decided about it (shared/inbox_view.py turns both into its outcome). {extra}: more columns.
+_DESCRIBED = (
+    "SELECT i.id, i.event_id, i.event_type, i.payment_id, i.received_at, i.duplicates,"
+    " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
+    " p.outcome AS processed_outcome{extra}"
+    " FROM inbox i LEFT JOIN processed_events p"
+    "   ON p.worker = 'orders' AND p.event_id = i.event_id"
+)
+
+
 async def webhooks_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT i.event_id, i.event_type, i.body, i.received_at, i.duplicates,"
-        " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
-        " p.outcome AS processed_outcome"
-        " FROM inbox i LEFT JOIN processed_events p"
-        "   ON p.worker = 'orders' AND p.event_id = i.event_id"
-        " WHERE i.payment_id = $1 ORDER BY i.received_at, i.id",
+        _DESCRIBED.format(extra=", i.body")
+        + " WHERE i.payment_id = $1 ORDER BY i.received_at, i.id",
         payment_id,
     )
+
+
+async def webhook(db: Executor, provider: str, event_id: str) -> asyncpg.Record | None:
+    """One stored webhook with its body and headers; None if there is none."""
+    return await db.fetchrow(
+        _DESCRIBED.format(extra=", i.body, i.headers, i.last_seen_at")
+        + " WHERE i.provider = $1 AND i.event_id = $2",
+        provider,
+        event_id,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """What a listing of the inbox keeps (all must hold); times inclusive."""
+
+    payment_id: str | None = None
+    event_type: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+
+# Where a listing resumes: the (received_at, id) of the last row it read.
+Position = tuple[dt.datetime, int]
+
+
+def events_statement(
+    where: EventFilter, before: Position | None, limit: int
+) -> tuple[str, list[Any]]:
+    """The statement of `events_before` and its arguments (the index tests EXPLAIN it). Only
+    the filters given are in it, so each combination is planned for the index that serves it."""
+    args: list[Any] = []
+
+    def arg(value: Any, cast: str) -> str:
+        args.append(value)
+        return f"${len(args)}::{cast}"
+
+    conditions = []
+    if where.payment_id is not None:
+        conditions.append(f"i.payment_id = {arg(where.payment_id, 'text')}")
+    if where.event_type is not None:
+        conditions.append(f"i.event_type = {arg(where.event_type, 'text')}")
+    if where.since is not None:
+        conditions.append(f"i.received_at >= {arg(where.since, 'timestamptz')}")
+    if where.until is not None:
+        conditions.append(f"i.received_at <= {arg(where.until, 'timestamptz')}")
+    if before is not None:
+        at, row_id = arg(before[0], "timestamptz"), arg(before[1], "bigint")
+        conditions.append(f"(i.received_at, i.id) < ({at}, {row_id})")
+    sql = _DESCRIBED.format(extra="")
+    if conditions:
+        sql += " WHERE " + " AND ".join(conditions)
+    sql += f" ORDER BY i.received_at DESC, i.id DESC LIMIT {arg(limit, 'int')}"
+    return sql, args
+
+
+async def events_before(
+    conn: Executor, where: EventFilter, before: Position | None, limit: int
+) -> list[asyncpg.Record]:
+    """Up to `limit` stored webhooks, newest first, after `before` in that order."""
+    sql, args = events_statement(where, before, limit)
+    return await conn.fetch(sql, *args)
+
+
+@asynccontextmanager
+async def planned_for_values(db: Executor) -> AsyncIterator[Executor]:
+    """A read-only transaction whose statements are planned for their arguments each time. A
+    prepared statement's generic plan can't tell a rare event type from a common one and, as
+    measured, walks the time index filtering by type instead of the type's own index."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, planned_for_values(conn) as planned:
+            yield planned
+        return
+    async with db.transaction(readonly=True):
+        await db.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        yield db
 
 
 async def unpublished_count(conn: Executor) -> int:

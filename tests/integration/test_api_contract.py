@@ -26,6 +26,7 @@ from tests.integration.api_contract import (
     documented,
     running_api,
 )
+from tests.integration.inbox_events import store_events
 from tests.integration.test_dlq import Letter, new_id, put_dead_letters
 
 
@@ -99,12 +100,14 @@ def order(payment_id: str) -> dict[str, str]:
 
 
 async def test_real_answers_match_the_document(
-    api: TestClient, channel: AbstractChannel, topology: Topology
+    api: TestClient, channel: AbstractChannel, topology: Topology, db: Any
 ) -> None:
     letters = [Letter(), Letter(), Letter()]
     await put_dead_letters(channel, topology.work["orders"], letters)
     payment_id = new_id("pay")
     new = order(payment_id)
+    events = await store_events(db, 2, payment_id=payment_id, outcome="transitioned")
+    [text] = await store_events(db, payment_id=None, body=b"\xff not json", published=False)
     requests: list[tuple[str, str, str, Any, int]] = [
         ("POST", "/api/orders", "/api/orders", new, 201),
         ("POST", "/api/orders", "/api/orders", new, 200),
@@ -120,6 +123,14 @@ async def test_real_answers_match_the_document(
         ("GET", "/api/payments/{payment_id}", "/api/payments/%00", None, 400),
         ("GET", "/api/users/{user_id}/bonus", "/api/users/user_contract/bonus", None, 200),
         ("GET", "/api/users/{user_id}/bonus", "/api/users/%00/bonus", None, 400),
+        ("GET", "/api/events", "/api/events", None, 200),
+        ("GET", "/api/events", f"/api/events?payment_id={payment_id}&limit=1", None, 200),
+        ("GET", "/api/events", "/api/events?outcome=unpublished&event=x", None, 200),
+        ("GET", "/api/events", "/api/events?cursor=nope", None, 400),
+        ("GET", "/api/events/{event_id}", f"/api/events/{events[0]}", None, 200),
+        ("GET", "/api/events/{event_id}", f"/api/events/{text}", None, 200),
+        ("GET", "/api/events/{event_id}", f"/api/events/{letters[0].id}", None, 404),
+        ("GET", "/api/events/{event_id}", "/api/events/%00", None, 400),
         ("GET", "/api/dlq", "/api/dlq", None, 200),
         ("GET", "/api/dlq/{queue}", "/api/dlq/orders?limit=2", None, 200),
         ("GET", "/api/dlq/{queue}", "/api/dlq/orders?offset=99999999999999999999999", None, 400),
@@ -175,3 +186,16 @@ async def test_answers_without_rabbitmq_match_the_document(
         )
         assert response.status == 503, path
         await documented(response, method, template)
+
+
+async def test_an_event_without_rabbitmq_comes_from_the_database(
+    api_without_rabbitmq: TestClient, db: Any
+) -> None:
+    [event_id] = await store_events(db)
+
+    response = await api_without_rabbitmq.get(f"/api/events/{event_id}", headers=AUTH)
+
+    assert response.status == 200
+    view = await documented(response, "GET", "/api/events/{event_id}")
+    assert (view["event_id"], view["dead_letters"]) == (event_id, [])
+    assert "RabbitMQ" in view["dead_letters_unavailable"]

@@ -21,6 +21,7 @@ from shared import dlq
 from shared.config import Settings
 from shared.topology import Topology
 from tests.integration.api_contract import AUTH, check_problem, documented, running_api
+from tests.integration.inbox_events import store_events
 from tests.integration.test_dlq import Letter, put_dead_letters
 
 NASTY = [
@@ -97,9 +98,11 @@ OPERATIONS = sorted(
 )
 
 
-cursors = st.tuples(st.integers(-5, 2**32), texts).map(
-    lambda pair: base64.urlsafe_b64encode(orjson.dumps(list(pair))).decode().rstrip("=")
-)
+cursors = st.one_of(
+    st.tuples(st.integers(-5, 2**32), texts),
+    # The events' cursors: two integers, near and far beyond what a timestamp and an id hold.
+    st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1)),
+).map(lambda pair: base64.urlsafe_b64encode(orjson.dumps(list(pair))).decode().rstrip("="))
 # Query values: near the bounds, far beyond them, or anything at all.
 numbers = st.one_of(st.integers(-10, 2000).map(str), st.just("99999999999999999999999"))
 query_values = st.one_of(numbers, cursors, sent(0))
@@ -132,6 +135,7 @@ async def api(
 ) -> TestClient:
     # Something to page through and requeue (until a generated requeue takes it).
     await put_dead_letters(channel, topology.work["orders"], [Letter() for _ in range(3)])
+    await store_events(db, 3)
     return await running_api(aiohttp_client, settings)
 
 

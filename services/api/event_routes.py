@@ -1,0 +1,42 @@
+"""Event routes: the inbox's webhooks, filtered and paged (shared/inbox_view.py), and one in
+full; what `payhooks event list` and `event show` print."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from services.api.dlq_access import DLQ_ACCESS
+from services.api.responses import json_response, problem
+from shared import inbox_view
+from shared.db import DB_POOL
+from shared.dlq import DeadLetter
+from shared.inbox_view import BadQueryError, EventQuery
+
+FILTERS = ("payment_id", "event", "outcome", "since", "until", "cursor", "limit")
+
+
+async def list_events(request: web.Request) -> web.Response:
+    """`GET /api/events?payment_id=&event=&outcome=&since=&until=&cursor=&limit=`."""
+    given = {name: request.query.getall(name) for name in FILTERS if name in request.query}
+    if repeated := [name for name, values in given.items() if len(values) > 1]:
+        return problem(400, "invalid_request", f"give {', '.join(repeated)} once")
+    try:
+        query = EventQuery.parse(**{name: values[0] for name, values in given.items()})
+    except BadQueryError as e:
+        return problem(400, "invalid_request", str(e))
+    return json_response(await inbox_view.list_events(request.app[DB_POOL], query))
+
+
+async def get_event(request: web.Request) -> web.Response:
+    access = request.app[DLQ_ACCESS]
+
+    async def dead_letters(event_id: str) -> list[DeadLetter]:
+        async with access.channel() as channel:
+            return await inbox_view.dead_letters_for_event(channel, access.topology, event_id)
+
+    view = await inbox_view.event_view(
+        request.app[DB_POOL], request.match_info["event_id"], dead_letters
+    )
+    if view is None:
+        return problem(404, "not_found", "event not found")
+    return json_response(view)
