@@ -4,11 +4,13 @@ a failure of the database itself fails the whole batch (nothing applied, all ret
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import structlog
 
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 
@@ -41,6 +43,8 @@ class Step:
     then: list[Callable[[], None]] = field(default_factory=list)
     # What the handler leaves for the batch's `before_commit` (the email to send).
     value: Any = None
+    # The message's sort key: its payment id in every worker ("" where the body has none).
+    key: str = ""
 
     def after_commit(self, action: Callable[[], None]) -> None:
         self.then.append(action)
@@ -90,18 +94,21 @@ async def _attempt(
     but the message `without` names, each under a savepoint (a failure is its result)."""
     results: list[Result | None] = [None] * len(deliveries)
     steps: list[Step] = []
+    keys = [_key(sort_key, d) for d in deliveries]
     async with pool.acquire() as conn, conn.transaction():
-        for i in sorted(range(len(deliveries)), key=lambda i: _key(sort_key, deliveries[i])):
-            step = Step(i, conn)
+        for i in sorted(range(len(deliveries)), key=keys.__getitem__):
+            step = Step(i, conn, key=keys[i])
             try:
                 if without is None:
-                    results[i] = await handle(step, deliveries[i])
+                    with about_payment(step.key):
+                        results[i] = await handle(step, deliveries[i])
                 elif i == without.index:
                     results[i] = without.error
                     continue
                 else:
                     async with conn.transaction():  # a savepoint
-                        results[i] = await handle(step, deliveries[i])
+                        with about_payment(step.key):
+                            results[i] = await handle(step, deliveries[i])
             except TRANSIENT_DB_ERRORS:
                 raise  # the database, not the message: the whole batch fails
             except Exception as e:
@@ -127,8 +134,9 @@ def in_one_transaction(
         except Exception as e:  # nothing was applied: every message is retried
             return [e] * len(deliveries)
         for step in steps:
-            for action in step.then:
-                action()
+            with about_payment(step.key):
+                for action in step.then:
+                    action()
         return [r if r is not None else RuntimeError("not handled") for r in results]
 
     return run
@@ -149,6 +157,14 @@ def one_by_one(handle: BatchHandler) -> Handler:
 def keys_of(deliveries: Sequence[Delivery], sort_key: Callable[[Delivery], str]) -> list[str]:
     """The distinct keys (payment ids) of a batch, for reading its rows in one statement."""
     return sorted({key for d in deliveries if (key := _key(sort_key, d))})
+
+
+def about_payment(payment_id: str | None) -> contextlib.AbstractContextManager[object]:
+    """Every line logged within carries `payment_id` (structlog contextvars), if there is one:
+    bound from what the batch read anyway, so no body is parsed again for it."""
+    if not payment_id:
+        return contextlib.nullcontext()
+    return structlog.contextvars.bound_contextvars(payment_id=payment_id)
 
 
 def _key(sort_key: Callable[[Delivery], str], delivery: Delivery) -> str:

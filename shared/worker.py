@@ -10,12 +10,13 @@ import datetime as dt
 import time
 from collections import Counter, deque
 
+import orjson
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from shared import failures
 from shared.acks import AckWindow
-from shared.batches import BatchHandler, Delivery, Result
+from shared.batches import BatchHandler, Delivery, Result, about_payment
 from shared.broker import Broker
 from shared.consumer import Consumer
 from shared.errors import PermanentError, TransientError
@@ -204,6 +205,18 @@ class Worker:
         *,
         retry: bool,
     ) -> str:
+        # The body is read again here, for a failed message only: never on the hot path.
+        with about_payment(_payment_id(delivery.body)):
+            return await self._route(message, delivery, error, retry=retry)
+
+    async def _route(
+        self,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        error: Exception,
+        *,
+        retry: bool,
+    ) -> str:
         now = dt.datetime.now(dt.UTC)
         to = failures.route(self._queue, message.headers or {}, error, retry=retry, now=now)
         expected = isinstance(error, PermanentError | TransientError)
@@ -236,6 +249,17 @@ def _delivery(message: AbstractIncomingMessage) -> Delivery:
         body=message.body,
         attempts=failures.attempts_of(message.headers or {}),
     )
+
+
+def _payment_id(body: bytes) -> str | None:
+    """The payment a message is about: provider events and order transitions both carry a
+    top-level `payment_id`; None for a body without one (or no JSON object at all)."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    value = payload.get("payment_id") if isinstance(payload, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _closed(channel: object) -> bool:

@@ -56,6 +56,10 @@ _WORKER_METRICS = {
     "payhooks_processing_duration_seconds": Metric("histogram", ("worker",)),
 }
 
+# Every service's, beside the process_* and python_info collectors' (tests/integration/
+# test_metrics.py).
+_SERVICE_METRICS = {"payhooks_build_info": Metric("gauge", ("version",))}
+
 # The contract: service -> the metrics it exposes (SPEC section 7, issue 4, README).
 CONTRACT: dict[str, dict[str, Metric]] = {
     "ingest": {
@@ -96,6 +100,8 @@ CONTRACT: dict[str, dict[str, Metric]] = {
         "payhooks_provider_requests_total": Metric("counter", ("outcome",)),
     },
 }
+for _metrics in CONTRACT.values():
+    _metrics.update(_SERVICE_METRICS)
 METRICS: dict[str, Metric] = {
     name: metric for metrics in CONTRACT.values() for name, metric in metrics.items()
 }
@@ -132,6 +138,19 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("payhooks_refund_failures_total", "event"): frozenset(("refund.failed", "refund.rejected")),
     ("payhooks_orders_undecided_events_total", "reason"): frozenset(
         ("reversal_before_refund", "amount_mismatch_ignored", "currency_mismatch")
+    ),
+    ("payhooks_provider_requests_total", "outcome"): frozenset(
+        (
+            "ok",
+            "not_found",
+            "unauthorized",
+            "unexpected_status",
+            "invalid_response",
+            "server_error",
+            "rate_limited",
+            "network_error",
+            "timeout",
+        )
     ),
 }
 
@@ -353,6 +372,54 @@ def test_every_alert_has_severity_summary_and_description() -> None:
         assert re.search(r"^\s*description:\s*\S", block, re.M), name
 
 
+def github_anchors(markdown: str) -> dict[str, str]:
+    """Heading anchor -> the section's text (up to the next heading of its level or above),
+    as GitHub makes them: the heading's text lower-cased, punctuation but `-` and `_` dropped,
+    each space a `-`, `-1`, `-2`... after a repeat. Lines in code fences are no headings."""
+    headings: list[tuple[int, int, str]] = []  # line, level, anchor
+    lines = markdown.splitlines()
+    seen: dict[str, int] = {}
+    fence: str | None = None
+    for number, line in enumerate(lines):
+        if match := re.match(r"^\s{0,3}(`{3,}|~{3,})", line):
+            if fence is None:
+                fence = match.group(1)[0]
+            elif match.group(1)[0] == fence:
+                fence = None
+            continue
+        match = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if fence is not None or not match:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match.group(2)).replace("`", "")
+        anchor = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        headings.append((number, len(match.group(1)), f"{anchor}-{count}" if count else anchor))
+    sections = {}
+    for i, (number, level, anchor) in enumerate(headings):
+        end = next((n for n, lv, _ in headings[i + 1 :] if lv <= level), len(lines))
+        sections[anchor] = "\n".join(lines[number:end])
+    return sections
+
+
+def test_github_anchors_are_computed_as_github_does() -> None:
+    text = '# A\n```sh\n# not a heading\n```\n## "DLQ not empty"\n### Rejected: `x_y` (`Z`)\n## A'
+    assert list(github_anchors(text)) == ["a", "dlq-not-empty", "rejected-x_y-z", "a-1"]
+
+
+def test_every_alert_has_a_runbook_url_to_its_readme_section() -> None:
+    """runbook_url is `README.md#<anchor>` (no link leaves the repository), the anchor is a
+    README heading's, and that section names the alert."""
+    sections = github_anchors(read(ROOT / "README.md"))
+    for name, block in alert_blocks().items():
+        match = re.search(r"^\s*runbook_url:\s*(\S+)\s*$", block, re.M)
+        assert match, f"{name} has no runbook_url"
+        path, _, anchor = match.group(1).partition("#")
+        assert path == "README.md", match.group(1)
+        assert anchor in sections, f"{name}: README.md has no heading for #{anchor}"
+        assert name in sections[anchor], f"README section #{anchor} does not mention {name}"
+
+
 def test_every_alert_has_a_firing_and_a_quiet_test_case() -> None:
     """In alerts_test.yml, `exp_alerts: []` is a quiet case, any other value a firing one."""
     firing: dict[str, int] = {}
@@ -375,10 +442,36 @@ def test_every_alert_has_a_firing_and_a_quiet_test_case() -> None:
 # --- the dashboard and its provisioning --------------------------------------------------------
 
 
+def datasource_references(node: Any) -> Iterator[Any]:
+    """Every `datasource` value anywhere in the dashboard JSON."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource":
+                yield value
+            yield from datasource_references(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from datasource_references(item)
+
+
+def test_dashboard_names_no_datasource_uid_but_its_datasource_variable() -> None:
+    """A kube-prometheus-stack Grafana has its own Prometheus uid: the dashboard picks one
+    with its `datasource` variable (the default datasource, unless chosen otherwise)."""
+    board = dashboard()
+    (variable,) = [v for v in board["templating"]["list"] if v["name"] == "datasource"]
+    assert (variable["type"], variable["query"]) == ("datasource", "prometheus")
+    references = list(datasource_references(board))
+    assert references
+    for reference in references:
+        assert reference == {"type": "prometheus", "uid": "${datasource}"}, reference
+    # Nor anywhere else (an annotation query, a link): the only other uid is the board's.
+    uids = set(re.findall(r'"uid":\s*"([^"]*)"', read(DASHBOARD)))
+    assert uids == {board["uid"], "${datasource}"}, uids
+
+
 def test_dashboard_parses_and_every_panel_queries_the_provisioned_prometheus() -> None:
     board = dashboard()
-    uid = re.search(r"^\s*uid:\s*(\S+)\s*$", read(DATASOURCES), re.M)
-    assert uid is not None
+    assert re.search(r"^\s*isDefault:\s*true\s*$", read(DATASOURCES), re.M)
     assert "url: http://prometheus:9090" in read(DATASOURCES)
     assert re.search(r"^\s*path:\s*\S+", read(DASHBOARD_PROVIDERS), re.M)
     assert board["uid"]
@@ -388,11 +481,11 @@ def test_dashboard_parses_and_every_panel_queries_the_provisioned_prometheus() -
     graphs = [panel for panel in panels(board) if panel["type"] != "row"]
     assert graphs
     for panel in graphs:
-        assert panel["datasource"] == {"type": "prometheus", "uid": uid.group(1)}, panel["title"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert panel["targets"], f"panel {panel['title']!r} has no query"
         for target in panel["targets"]:
             assert target["expr"].strip(), panel["title"]
-            assert target["datasource"]["uid"] == uid.group(1), panel["title"]
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
 def test_dashboard_panels_do_not_overlap() -> None:

@@ -455,12 +455,45 @@ def kustomization() -> dict[str, Any]:
 
 @cache
 def manifests() -> tuple[dict[str, Any], ...]:
+    """The manifest files kustomization.yaml lists (folders it lists: `generated()`)."""
     documents = []
     for name in kustomization()["resources"]:
+        if (K8S / name).is_dir():
+            continue
         for document in yaml.safe_load_all((K8S / name).read_text()):
             if document is not None:
                 assert isinstance(document, dict), name
                 documents.append(document)
+    return tuple(documents)
+
+
+@cache
+def generated() -> tuple[dict[str, Any], ...]:
+    """The ConfigMaps the kustomizations in folders kustomization.yaml lists generate, built
+    here as kustomize builds them (names fixed: no hash suffix)."""
+    documents = []
+    for name in kustomization()["resources"]:
+        folder = K8S / name
+        if not folder.is_dir():
+            continue
+        document = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        assert set(document) <= {"apiVersion", "kind", "configMapGenerator"}, name
+        for generator in document["configMapGenerator"]:
+            options = generator.get("options", {})
+            assert options.get("disableNameSuffixHash") is True, generator["name"]
+            data = {}
+            for entry in generator["files"]:
+                key, _, path = entry.rpartition("=")
+                source = (folder / path).resolve()
+                assert source.is_relative_to(folder.resolve()), "kustomize refuses it"
+                data[key or source.name] = source.read_text()
+            metadata = {
+                "name": generator["name"],
+                **{k: options[k] for k in ("labels", "annotations") if k in options},
+            }
+            documents.append(
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+            )
     return tuple(documents)
 
 
@@ -479,10 +512,14 @@ def k8s_env() -> dict[str, str]:
 def test_kustomization_lists_every_manifest_and_only_existing_ones() -> None:
     listed = kustomization()["resources"]
     assert len(listed) == len(set(listed))
-    for name in listed:
+    folders = {name for name in listed if (K8S / name).is_dir()}
+    for name in set(listed) - folders:
         assert (K8S / name).is_file(), f"kustomization.yaml lists missing {name}"
+    for name in folders:
+        assert (K8S / name / "kustomization.yaml").is_file(), name
+    assert folders == {"../grafana"}
     on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert on_disk == set(listed), "a manifest in deploy/k8s is not in kustomization.yaml"
+    assert on_disk == set(listed) - folders, "a manifest in deploy/k8s is not in kustomization.yaml"
 
 
 def test_kustomize_build() -> None:
@@ -494,7 +531,15 @@ def test_kustomize_build() -> None:
         pytest.skip("neither kustomize nor kubectl installed")
     built = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
     documents = [d for d in yaml.safe_load_all(built.stdout) if d]
-    assert len(documents) == len(manifests())
+    assert len(documents) == len(manifests()) + len(generated())
+    for expected in generated():
+        (built_one,) = [
+            d
+            for d in documents
+            if (d["kind"], d["metadata"]["name"]) == ("ConfigMap", expected["metadata"]["name"])
+        ]
+        assert built_one["data"] == expected["data"]
+        assert built_one["metadata"]["labels"].items() >= expected["metadata"]["labels"].items()
     for document in documents:
         if document["kind"] != "Namespace":
             assert document["metadata"]["namespace"] == "payhooks", document["metadata"]
@@ -544,6 +589,19 @@ def test_custom_resources_have_the_expected_structure() -> None:
             port_names = {p["name"] for p in services[name]["spec"]["ports"]}
             assert {e["port"] for e in spec["endpoints"]} <= port_names, name
             assert services[name]["metadata"]["labels"][expression["key"]] == name
+
+
+def test_grafana_sidecar_gets_the_dashboard_from_its_one_file() -> None:
+    """kube-prometheus-stack's Grafana sidecar loads every ConfigMap labelled
+    grafana_dashboard: "1"; the data is deploy/grafana/dashboards/payhooks.json itself."""
+    (dashboard,) = generated()
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard_file = ROOT / "deploy" / "grafana" / "dashboards" / "payhooks.json"
+    assert dashboard["data"] == {"payhooks.json": dashboard_file.read_text()}
+    assert json.loads(dashboard["data"]["payhooks.json"])["uid"] == "payhooks"
+    # kubectl apply keeps a copy in an annotation, whose total is capped at 256 KiB.
+    assert len(dashboard_file.read_bytes()) < 200_000
+    kubernetes_validate.validate(dashboard, KUBERNETES_VERSION, strict=True)
 
 
 def test_rabbitmq_cluster_raises_open_files_and_caps_queues() -> None:

@@ -4,6 +4,7 @@ that move by exactly what a test caused, and the api's queue and backlog gauges.
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,9 @@ EXPECTED_FAMILIES = {
 }
 
 
+OWN_PREFIXES = ("payhooks_", "process_", "python_")
+
+
 async def scrape(client: TestClient) -> tuple[dict[str, str], Samples]:
     """Family types and every sample of a service's /metrics, parsed as Prometheus does."""
     response = await client.get("/metrics")
@@ -121,7 +125,8 @@ async def test_every_services_metrics_parse_and_carry_the_spec_metrics(
 
         for name, kind in EXPECTED_FAMILIES[service].items():
             assert families.get(name) == kind, (service, name, families)
-        assert all(name.startswith("payhooks_") for name in families), (service, families)
+        # Ours, and the process and platform collectors' (test below).
+        assert all(name.startswith(OWN_PREFIXES) for name in families), (service, families)
         if service == "ingest":
             outcomes = {
                 dict(labels)["outcome"]
@@ -144,6 +149,23 @@ async def test_every_services_metrics_parse_and_carry_the_spec_metrics(
                 if name == "payhooks_messages_processed_total" and dict(labels)["worker"] == service
             }
             assert outcomes >= {"ok", "skipped_duplicate", "retried", "dead_lettered"}
+
+
+async def test_every_service_exposes_build_info_process_metrics_and_no_created_series(
+    system: System, api: TestClient
+) -> None:
+    version = importlib.metadata.version("payhooks")
+    for service, client in clients(system, api).items():
+        families, samples = await scrape(client)
+
+        build_info = {
+            labels: v for (name, labels), v in samples.items() if name == "payhooks_build_info"
+        }
+        assert build_info == {frozenset({("version", version)}): 1.0}, (service, build_info)
+        assert families.get("process_resident_memory_bytes") == "gauge", service
+        assert value(samples, "process_resident_memory_bytes") > 0, service
+        assert families.get("python_info") == "gauge", service
+        assert not [name for name, _ in samples if name.endswith("_created")], service
 
 
 async def wait_until_done(
