@@ -1,0 +1,29 @@
+"""The api's contract as an OpenAPI 3.1 document, served at PATH; the one source of truth.
+tests/integration/test_api_contract.py holds the app and its answers to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.api.openapi.build import PATH as PATH
+from services.api.openapi.paths import PATHS
+from services.api.openapi.schemas import SCHEMAS
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "payhooks admin api",
+        "version": "1",
+        "description": (
+            "Operator and shop routes, behind `Authorization: Bearer <ADMIN_TOKEN>`. Errors"
+            " are RFC 9457 problem details (application/problem+json) with a stable `code`."
+            " A method a path does not have is 405 (method_not_allowed), an unknown path 404."
+        ),
+    },
+    "security": [{"adminToken": []}],
+    "paths": PATHS,
+    "components": {
+        "schemas": SCHEMAS,
+        "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
+    },
+}
