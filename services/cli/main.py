@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dotenv import load_dotenv
 
@@ -27,6 +27,8 @@ from shared.dlq_moves import UnroutableError
 from shared.logs import configure_logging
 from shared.migrate import MigrationChangedError, migrate
 from shared.service import serve
+
+T = TypeVar("T")
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -153,6 +155,19 @@ def _settings() -> Settings:
         raise SystemExit(EXIT_USAGE) from None
 
 
+def _migrating(work: Coroutine[Any, Any, T]) -> T:
+    """Run migration work; one clear line and its exit code when PostgreSQL is unreachable
+    or an applied migration has changed since."""
+    try:
+        return asyncio.run(work)
+    except OSError as e:
+        print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
+        sys.exit(EXIT_UNREACHABLE)
+    except MigrationChangedError as e:
+        print(f"payhooks: {e}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     # A developer's local settings; variables already in the environment win (containers and
     # CI set theirs there and have no .env).
@@ -161,14 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "run" and args.service == "all":
         settings = _settings()  # every variable checked once, before anything starts
-        try:
-            asyncio.run(migrate(settings.database_url))
-        except OSError as e:
-            print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
-            sys.exit(EXIT_UNREACHABLE)
-        except MigrationChangedError as e:
-            print(f"payhooks: {e}", file=sys.stderr)
-            sys.exit(EXIT_USAGE)
+        _migrating(migrate(settings.database_url))
         sys.exit(run_all.main())
     if args.command == "run":
         serve(SERVICES[args.service])
@@ -176,14 +184,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "migrate":
         settings = _settings()
         configure_logging(settings.log_level, settings.log_format)
-        try:
-            sys.exit(asyncio.run(migrations.command(settings, args)))
-        except OSError as e:
-            print(f"payhooks: cannot reach PostgreSQL: {e}", file=sys.stderr)
-            sys.exit(EXIT_UNREACHABLE)
-        except MigrationChangedError as e:
-            print(f"payhooks: {e}", file=sys.stderr)
-            sys.exit(EXIT_USAGE)
+        sys.exit(_migrating(migrations.command(settings, args)))
     settings = _settings()
     configure_logging("WARNING", settings.log_format)
     # Connection failures are reported as one clear line (exit 3), not as library logs.

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient
 
+from services.api.app import create_app
+from shared.config import Settings
 from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.integration.system import System, start_system, system_settings
@@ -25,3 +30,16 @@ async def system(
     return await start_system(
         aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
     )
+
+
+@pytest.fixture
+async def api_without_rabbitmq(
+    aiohttp_client: Any, make_settings: Callable[..., Settings], db: Any
+) -> TestClient:
+    """The api with RabbitMQ's port closed (PostgreSQL up)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once the socket is closed
+    settings = make_settings(AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/")
+    client: TestClient = await aiohttp_client(create_app(settings))
+    return client

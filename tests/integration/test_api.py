@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -181,18 +179,6 @@ async def test_nul_in_a_path_id_is_400_naming_it(api: TestClient, path: str, nam
 
 
 # --- JSON everywhere, RabbitMQ down ----------------------------------------------------------
-
-
-@pytest.fixture
-async def api_without_rabbitmq(
-    aiohttp_client: Any, make_settings: Callable[..., Settings], db: Any
-) -> TestClient:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens on it once the socket is closed
-    settings = make_settings(AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/")
-    client: TestClient = await aiohttp_client(create_app(settings))
-    return client
 
 
 async def test_dlq_routes_without_rabbitmq_are_503_json_with_retry_after(

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import re
-import socket
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -157,18 +155,6 @@ async def test_real_answers_match_the_document(
         response = await api.request(method, path, headers=AUTH)
         assert response.status == status
         check_problem(status, response.content_type, await response.json())
-
-
-@pytest.fixture
-async def api_without_rabbitmq(
-    aiohttp_client: Any, make_settings: Callable[..., Settings], db: Any
-) -> TestClient:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens on it once the socket is closed
-    settings = make_settings(AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/")
-    client: TestClient = await aiohttp_client(create_app(settings))
-    return client
 
 
 async def test_answers_without_rabbitmq_match_the_document(
