@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
-import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
+
+from shared.config_values import ca_file, directory, log_format, log_level, smtp_tls
+from shared.tokens import AdminToken, parse_admin_tokens, with_legacy
 
 T = TypeVar("T")
 
@@ -18,13 +20,13 @@ FILE_VARIABLES = frozenset(
     {
         "XHUB_WEBHOOK_SECRETS",
         "ADMIN_TOKEN",
+        "ADMIN_TOKENS",
         "XHUB_API_KEY",
         "DATABASE_URL",
         "AMQP_URL",
         "SMTP_PASSWORD",
     }
 )
-LOG_FORMATS = ("json", "console")
 
 
 class ConfigError(Exception):
@@ -32,9 +34,6 @@ class ConfigError(Exception):
 
 
 MIN_RETENTION_DAYS = 35
-# SMTP_TLS: none (plain SMTP, today's local relays), starttls (upgrade, e.g. port 587) or
-# implicit (TLS from the first byte, e.g. port 465).
-SMTP_TLS_MODES = ("none", "starttls", "implicit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +58,7 @@ class Settings:
     reconcile_interval_s: float
     reconcile_after_s: float
     admin_token: str | None = field(repr=False)
+    admin_tokens: tuple[AdminToken, ...] = field(repr=False)  # ADMIN_TOKEN's first, as `admin`
     retention_days: int
     ingest_port: int
     api_port: int
@@ -83,6 +83,7 @@ class Settings:
         """
         env = os.environ if environ is None else environ
         reader = _Reader(env)
+        admin = reader.optional("ADMIN_TOKEN")
         values: dict[str, Any] = {
             "database_url": reader.text(
                 "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/payhooks"
@@ -98,14 +99,17 @@ class Settings:
             "email_from": reader.text("EMAIL_FROM", "payments@payhooks.localhost"),
             "smtp_username": reader.optional("SMTP_USERNAME"),
             "smtp_password": reader.optional("SMTP_PASSWORD"),
-            "smtp_tls": reader.parse("SMTP_TLS", "none", _smtp_tls),
-            "smtp_ca_file": reader.parse("SMTP_CA_FILE", None, _ca_file),
-            "email_templates_dir": reader.parse("EMAIL_TEMPLATES_DIR", None, _directory),
+            "smtp_tls": reader.parse("SMTP_TLS", "none", smtp_tls),
+            "smtp_ca_file": reader.parse("SMTP_CA_FILE", None, ca_file),
+            "email_templates_dir": reader.parse("EMAIL_TEMPLATES_DIR", None, directory),
             "bonus_points": reader.parse("BONUS_POINTS", 500, _positive_int),
             "retry_delays_s": reader.parse("RETRY_DELAYS", _DEFAULT_RETRY_DELAYS_S, _delays),
             "reconcile_interval_s": reader.parse("RECONCILE_INTERVAL", 60.0, _positive_float),
             "reconcile_after_s": reader.parse("RECONCILE_AFTER", 900.0, _positive_float),
-            "admin_token": reader.optional("ADMIN_TOKEN"),
+            "admin_token": admin,
+            "admin_tokens": reader.parse(
+                "ADMIN_TOKENS", with_legacy(admin, ()), lambda t: parse_admin_tokens(t, admin)
+            ),
             "retention_days": reader.parse("RETENTION_DAYS", 35, _retention_days),
             "ingest_port": reader.parse("INGEST_PORT", 8080, _port),
             "api_port": reader.parse("API_PORT", 8081, _port),
@@ -116,13 +120,14 @@ class Settings:
             "ingest_tls_cert": reader.optional("INGEST_TLS_CERT"),
             "ingest_tls_key": reader.optional("INGEST_TLS_KEY"),
             "amqp_prefix": reader.text("AMQP_PREFIX", ""),
-            "log_level": reader.parse("LOG_LEVEL", "INFO", _log_level),
-            "log_format": reader.parse("LOG_FORMAT", None, _log_format),
+            "log_level": reader.parse("LOG_LEVEL", "INFO", log_level),
+            "log_format": reader.parse("LOG_FORMAT", None, log_format),
         }
-        for name in required:
-            failed = name in reader.errors or f"{name}_FILE" in reader.errors
-            if not (reader.raw(name) or "").strip() and not failed:
-                reader.errors[name] = "is required"
+        for entry in required:  # NAME, or NAME|OTHER: one of them
+            names = entry.split("|")
+            failed = any(n in reader.errors or f"{n}_FILE" in reader.errors for n in names)
+            if not any((reader.raw(n) or "").strip() for n in names) and not failed:
+                reader.errors[" or ".join(names)] = "is required"
         if (values["ingest_tls_cert"] is None) != (values["ingest_tls_key"] is None):
             reader.errors["INGEST_TLS_CERT/INGEST_TLS_KEY"] = "must be set together"
         if (values["smtp_username"] is None) != (values["smtp_password"] is None):
@@ -145,7 +150,10 @@ class Settings:
 
 
 def is_set(env: Mapping[str, str], name: str) -> bool:
-    """NAME has a value, or (for FILE_VARIABLES) NAME_FILE names a file: what `required` asks."""
+    """NAME has a value, or (for FILE_VARIABLES) NAME_FILE names a file: what `required` asks
+    (NAME|OTHER: one of them)."""
+    if "|" in name:
+        return any(is_set(env, one) for one in name.split("|"))
     via_file = name in FILE_VARIABLES and bool(env.get(f"{name}_FILE", "").strip())
     return bool(env.get(name, "").strip()) or via_file
 
@@ -259,41 +267,3 @@ def _secrets(raw: str) -> tuple[bytes, ...]:
     if not secrets:
         raise ValueError("must hold at least one secret")
     return secrets
-
-
-def _smtp_tls(raw: str) -> str:
-    mode = raw.lower()
-    if mode not in SMTP_TLS_MODES:
-        raise ValueError("must be one of " + ", ".join(SMTP_TLS_MODES))
-    return mode
-
-
-def _ca_file(raw: str) -> str:
-    try:
-        # What the SMTP client will do with it, done once here so a bad file stops the start.
-        ssl.create_default_context(cafile=raw)
-    except FileNotFoundError:
-        raise ValueError("is not a file") from None
-    except (OSError, ssl.SSLError):
-        raise ValueError("must be a readable PEM file of CA certificates") from None
-    return raw
-
-
-def _directory(raw: str) -> str:
-    if not os.path.isdir(raw):
-        raise ValueError("is not a directory")
-    return raw
-
-
-def _log_format(raw: str) -> str:
-    chosen = raw.lower()
-    if chosen not in LOG_FORMATS:
-        raise ValueError("must be one of " + ", ".join(LOG_FORMATS))
-    return chosen
-
-
-def _log_level(raw: str) -> str:
-    level = raw.upper()
-    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
-    return level

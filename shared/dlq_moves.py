@@ -65,6 +65,19 @@ class Selection:
         filters = (self.reason, self.event_type, self.payment_id, self.since, self.until)
         return not (self.everything or self.ids) and all(f is None for f in filters)
 
+    def as_json(self) -> dict[str, object]:
+        """What was given, for the audit trail: times as ISO 8601, unset criteria left out."""
+        given = {
+            "ids": list(self.ids),
+            "all": self.everything,
+            "reason": self.reason,
+            "event_type": self.event_type,
+            "payment_id": self.payment_id,
+            "since": None if self.since is None else self.since.isoformat(),
+            "until": None if self.until is None else self.until.isoformat(),
+        }
+        return {key: value for key, value in given.items() if value not in (None, False, [])}
+
     def matches(self, letter: DeadLetter) -> bool:
         if self.says_nothing:
             return False

@@ -11,11 +11,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from services.api.auth import actor
 from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
 from shared import dlq, unrouted
+from shared.db import DB_POOL
 from shared.dlq_moves import Selection, UnroutableError, requeue
 from shared.http_limits import read_body
+from shared.queries import audit
 
 MAX_PAGE = 1000
 # Far beyond any DLQ (a look reads at most 65,535 messages); unbounded, a huge offset went
@@ -173,6 +176,13 @@ async def requeue_dlq(request: web.Request) -> web.Response:
     except UnroutableError as e:
         # What was moved before it stays moved; the rest is still in the DLQ.
         return problem(409, "requeue_unroutable", str(e))
+    if not result.dry_run:
+        moved = [letter.id for letter in result.requeued]
+        what = selection.as_json() | ({} if limit is None else {"limit": limit})
+        done = audit.Action(
+            actor(request).name, "api", audit.REQUEUE, queue, moved, len(moved), what
+        )
+        await audit.record(request.app[DB_POOL], done)
     return json_response(
         {
             "requeued": 0 if result.dry_run else len(result.requeued),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from services.api.auth import actor
 from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
 from shared import dlq, dlq_lock
@@ -13,6 +14,7 @@ from shared.errors import UnavailableError
 from shared.http_limits import read_body
 from shared.order_input import OrderValidationError, order_json, parse_new_order
 from shared.payment_view import payment_view, user_bonus
+from shared.queries import audit
 from shared.queries import orders as orders_sql
 
 
@@ -31,6 +33,11 @@ async def register_order(request: web.Request) -> web.Response:
         row, created = await orders_sql.register_order(request.app[DB_POOL], order)
     except orders_sql.OrderConflictError as e:
         return problem(409, "order_conflict", str(e))
+    if created:
+        registered = audit.Action(
+            actor(request).name, "api", audit.ORDER_REGISTER, order.order_id, [order.payment_id], 1
+        )
+        await audit.record(request.app[DB_POOL], registered)
     return json_response(order_json(row), status=201 if created else 200)
 
 

@@ -16,6 +16,7 @@ PROBLEMS: dict[str, str] = {
     "invalid_request": "The request is not valid",
     "invalid_order": "The order is not valid",
     "unauthorized": "Missing or invalid admin token",
+    "forbidden": "The token's scope does not allow this",
     "not_found": "Not found",
     "method_not_allowed": "Method not allowed",
     "request_timeout": "Request body not received in time",

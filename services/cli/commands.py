@@ -16,11 +16,21 @@ from shared.console import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE, Pro
 from shared.dlq_moves import Selection, purge, requeue
 from shared.order_input import OrderValidationError, order_json, parse_new_order
 from shared.payment_view import payment_view
+from shared.queries import audit
 from shared.queries import orders as orders_sql
 
 
 def _print_json(data: Any) -> None:
     print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+async def _record(settings: Settings, action: audit.Action) -> None:
+    """After the action: a database that cannot be reached is logged, the action stands."""
+    try:
+        async with database(settings) as conn:
+            await audit.record(conn, action)
+    except UnreachableError as e:
+        audit.not_recorded(action, e)
 
 
 def _fail(message: str, code: int) -> int:
@@ -48,6 +58,16 @@ async def order_add(settings: Settings, args: argparse.Namespace) -> int:
             row, created = await orders_sql.register_order(conn, order)
         except orders_sql.OrderConflictError as e:
             return _fail(str(e), EXIT_CONFLICT)
+        if created:
+            done = audit.Action(
+                audit.cli_actor(),
+                "cli",
+                audit.ORDER_REGISTER,
+                order.order_id,
+                [order.payment_id],
+                1,
+            )
+            await audit.record(conn, done)
     shown = order_json(row)
     if args.json:
         _print_json(shown)
@@ -170,6 +190,13 @@ async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
         )
     progress.finish()
     ids = [d.id for d in result.requeued]
+    if not args.dry_run:
+        what = selection.as_json() | ({} if args.limit is None else {"limit": args.limit})
+        queue = dlq.dlq_name(topology, args.queue)
+        await _record(
+            settings,
+            audit.Action(audit.cli_actor(), "cli", audit.REQUEUE, queue, ids, len(ids), what),
+        )
     if args.json:
         _print_json(
             {
@@ -196,6 +223,11 @@ async def dlq_purge(settings: Settings, args: argparse.Namespace) -> int:
     async with broker(settings) as (channel, topology):
         removed = await purge(channel, dlq.dlq_name(topology, args.queue), progress=progress)
     progress.finish()
+    purged = [d.id for d in removed]
+    queue = dlq.dlq_name(topology, args.queue)
+    await _record(
+        settings, audit.Action(audit.cli_actor(), "cli", audit.PURGE, queue, purged, len(purged))
+    )
     if args.json:
         _print_json({"purged": len(removed), "messages": [d.as_json() for d in removed]})
     else:

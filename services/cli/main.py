@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from dotenv import load_dotenv
 
-from services.cli import commands, events, migrations, run_all, send
+from services.cli import audit, commands, events, migrations, run_all, send
 from services.cli.registry import SERVICES
 from services.sim import run as sim_run
 from shared import dlq, dlq_lock
@@ -123,6 +123,11 @@ def _parser() -> argparse.ArgumentParser:
     unrouted_show.add_argument("--limit", type=_positive, default=20, help="list N (default 20)")
     unrouted_show.add_argument("--json", action="store_true")
     unrouted_show.set_defaults(handler=commands.unrouted_show)
+
+    audit.add_arguments(
+        subcommands.add_parser("audit", help="operator actions, newest first: who did what"),
+        _positive,
+    )
 
     sim = subcommands.add_parser("sim", help="X-Hub simulator: fake payments API + signed webhooks")
     sim_run.add_arguments(sim)

@@ -81,10 +81,11 @@ def dev_environment(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     once, never logged by the services)."""
     child = dict(env)
     announced = []
-    for name in ("XHUB_WEBHOOK_SECRETS", "ADMIN_TOKEN"):
+    for name in ("XHUB_WEBHOOK_SECRETS", "ADMIN_TOKEN|ADMIN_TOKENS"):
         if not is_set(child, name):
-            child[name] = secrets.token_urlsafe(24)
-            announced.append(f"{name}={child[name]}")
+            first = name.split("|")[0]
+            child[first] = secrets.token_urlsafe(24)
+            announced.append(f"{first}={child[first]}")
     return child, announced
 
 

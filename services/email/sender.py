@@ -11,7 +11,8 @@ from typing import Protocol
 
 import aiosmtplib
 
-from shared.config import SMTP_TLS_MODES, Settings
+from shared.config import Settings
+from shared.config_values import SMTP_TLS_MODES
 from shared.errors import TransientError
 
 SMTP_TIMEOUT_S = 10.0

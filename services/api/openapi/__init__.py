@@ -15,7 +15,9 @@ DOCUMENT: dict[str, Any] = {
         "title": "payhooks admin api",
         "version": "1",
         "description": (
-            "Operator and shop routes, behind `Authorization: Bearer <ADMIN_TOKEN>`. Errors"
+            "Operator and shop routes, behind `Authorization: Bearer <token>` (ADMIN_TOKEN, or"
+            " one of ADMIN_TOKENS: scope `orders` reaches orders, payments, bonus and events;"
+            " `operator` everything, else 403 forbidden). Errors"
             " are RFC 9457 problem details (application/problem+json) with a stable `code`."
             " A method a path does not have is 405 (method_not_allowed), an unknown path 404."
         ),

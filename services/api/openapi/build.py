@@ -61,10 +61,15 @@ def unavailable_answer(*codes: str) -> Schema:
     return answer
 
 
-def protected(responses: dict[str, Schema], *, unavailable: tuple[str, ...]) -> dict[str, Any]:
-    """The answers every route behind the admin token may give besides its own."""
+def protected(
+    responses: dict[str, Schema], *, unavailable: tuple[str, ...], operator: bool = False
+) -> dict[str, Any]:
+    """The answers every route behind the admin token may give besides its own; `operator`:
+    an `orders` token is refused (services/api/auth.py ORDERS_ROUTES)."""
+    refused = {"403": problem("an `orders` token: this needs `operator`", "forbidden")}
     return {
         **responses,
+        **(refused if operator else {}),
         "401": problem("missing or invalid admin token", "unauthorized"),
         "500": problem("a bug, logged", "internal_error"),
         "503": unavailable_answer(*unavailable),

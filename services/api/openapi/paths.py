@@ -22,6 +22,7 @@ from services.api.openapi.build import (
     unavailable_answer,
 )
 from shared import inbox_view, unrouted
+from shared.queries import audit
 
 OPEN: dict[str, Any] = {"security": []}
 
@@ -127,6 +128,7 @@ PATHS: dict[str, Any] = {
             "responses": protected(
                 {"200": ok(ref("DlqList"), "one entry per DLQ")},
                 unavailable=("unavailable", "dlq_busy"),
+                operator=True,
             ),
         }
     },
@@ -171,6 +173,7 @@ PATHS: dict[str, Any] = {
                     "404": problem("no such DLQ", "not_found"),
                 },
                 unavailable=("unavailable", "dlq_busy"),
+                operator=True,
             ),
         }
     },
@@ -194,6 +197,7 @@ PATHS: dict[str, Any] = {
                     **BODY_ERRORS,
                 },
                 unavailable=("unavailable", "dlq_busy"),
+                operator=True,
             ),
         }
     },
@@ -218,6 +222,33 @@ PATHS: dict[str, Any] = {
                     "400": problem("bad limit", "invalid_request"),
                 },
                 unavailable=("unavailable", "dlq_busy"),
+                operator=True,
+            ),
+        }
+    },
+    "/api/audit": {
+        "get": {
+            "summary": "The operator actions (requeues, purges, registrations), newest first",
+            "parameters": [
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "schema": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": audit.MAX_LIMIT,
+                        "default": 100,
+                    },
+                },
+                {"name": "cursor", "in": "query", "schema": STR, "description": "a `next_cursor`"},
+            ],
+            "responses": protected(
+                {
+                    "200": ok(ref("AuditPage"), "the page"),
+                    "400": problem("bad limit or cursor", "invalid_request"),
+                },
+                unavailable=("unavailable",),
+                operator=True,
             ),
         }
     },

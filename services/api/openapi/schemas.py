@@ -265,4 +265,27 @@ SCHEMAS: dict[str, Schema] = {
             ),
         }
     ),
+    "AuditPage": object_of(
+        {
+            "actions": list_of(
+                object_of(
+                    {
+                        "id": INT,
+                        "at": TIME,
+                        "actor": {**STR, "description": "a token's name, or cli:<OS user>"},
+                        "source": {"type": "string", "enum": ["api", "cli"]},
+                        "action": {
+                            "type": "string",
+                            "enum": ["dlq.requeue", "dlq.purge", "order.register"],
+                        },
+                        "target": {**STR, "description": "a DLQ's name, or an order id"},
+                        "filter": {"type": "object", "description": "a requeue's selection"},
+                        "ids": {**list_of(STR), "description": "moved messages, or payment id"},
+                        "count": INT,
+                    }
+                )
+            ),
+            "next_cursor": nullable(STR),
+        }
+    ),
 }
