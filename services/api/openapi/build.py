@@ -62,14 +62,12 @@ def unavailable_answer(*codes: str) -> Schema:
 
 
 def protected(
-    responses: dict[str, Schema], *, unavailable: tuple[str, ...], operator: bool = False
+    responses: dict[str, Schema], *, unavailable: tuple[str, ...] = ("unavailable",)
 ) -> dict[str, Any]:
-    """The answers every route behind the admin token may give besides its own; `operator`:
-    an `orders` token is refused (services/api/auth.py ORDERS_ROUTES)."""
-    refused = {"403": problem("an `orders` token: this needs `operator`", "forbidden")}
+    """The answers every route behind the admin token may give besides its own (the 403 of an
+    `orders` token is added from services/api/auth.py's allow-list: paths.py)."""
     return {
         **responses,
-        **(refused if operator else {}),
         "401": problem("missing or invalid admin token", "unauthorized"),
         "500": problem("a bug, logged", "internal_error"),
         "503": unavailable_answer(*unavailable),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.api.auth import ORDERS_ROUTES
 from services.api.dlq_routes import MAX_OFFSET, MAX_PAGE
 from services.api.openapi.build import (
     BODY_ERRORS,
@@ -44,7 +45,6 @@ PATHS: dict[str, Any] = {
                     ),
                     **BODY_ERRORS,
                 },
-                unavailable=("unavailable",),
             ),
         }
     },
@@ -58,7 +58,6 @@ PATHS: dict[str, Any] = {
                     **ID_ANSWERS,
                     "404": problem("no such order", "not_found"),
                 },
-                unavailable=("unavailable",),
             ),
         }
     },
@@ -75,7 +74,6 @@ PATHS: dict[str, Any] = {
                     **ID_ANSWERS,
                     "404": problem("no order and no webhook for it", "not_found"),
                 },
-                unavailable=("unavailable",),
             ),
         }
     },
@@ -85,7 +83,6 @@ PATHS: dict[str, Any] = {
             "parameters": [path_id("user_id", "the shop's user id")],
             "responses": protected(
                 {"200": ok(ref("UserBonus"), "balance and entries"), **ID_ANSWERS},
-                unavailable=("unavailable",),
             ),
         }
     },
@@ -104,7 +101,6 @@ PATHS: dict[str, Any] = {
                     "200": ok(ref("EventPage"), "the page"),
                     "400": problem("a bad filter, limit or cursor", "invalid_request"),
                 },
-                unavailable=("unavailable",),
             ),
         }
     },
@@ -118,7 +114,6 @@ PATHS: dict[str, Any] = {
                     **ID_ANSWERS,
                     "404": problem("no such event in the inbox", "not_found"),
                 },
-                unavailable=("unavailable",),
             ),
         }
     },
@@ -128,7 +123,6 @@ PATHS: dict[str, Any] = {
             "responses": protected(
                 {"200": ok(ref("DlqList"), "one entry per DLQ")},
                 unavailable=("unavailable", "dlq_busy"),
-                operator=True,
             ),
         }
     },
@@ -173,7 +167,6 @@ PATHS: dict[str, Any] = {
                     "404": problem("no such DLQ", "not_found"),
                 },
                 unavailable=("unavailable", "dlq_busy"),
-                operator=True,
             ),
         }
     },
@@ -197,7 +190,6 @@ PATHS: dict[str, Any] = {
                     **BODY_ERRORS,
                 },
                 unavailable=("unavailable", "dlq_busy"),
-                operator=True,
             ),
         }
     },
@@ -222,7 +214,6 @@ PATHS: dict[str, Any] = {
                     "400": problem("bad limit", "invalid_request"),
                 },
                 unavailable=("unavailable", "dlq_busy"),
-                operator=True,
             ),
         }
     },
@@ -247,8 +238,6 @@ PATHS: dict[str, Any] = {
                     "200": ok(ref("AuditPage"), "the page"),
                     "400": problem("bad limit or cursor", "invalid_request"),
                 },
-                unavailable=("unavailable",),
-                operator=True,
             ),
         }
     },
@@ -290,3 +279,11 @@ PATHS: dict[str, Any] = {
         }
     },
 }
+
+# An `orders` token is refused everywhere but its allow-list: derived, never declared twice.
+for _path, _operations in PATHS.items():
+    for _method, _operation in _operations.items():
+        if _operation.get("security") != [] and (_method.upper(), _path) not in ORDERS_ROUTES:
+            _operation["responses"]["403"] = problem(
+                "an `orders` token: this needs `operator`", "forbidden"
+            )
