@@ -20,6 +20,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from shared.config import Settings
 from tests.helpers import eventually
 
 PORT_VARIABLES = {
@@ -39,6 +40,31 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+RUN_ALL_PORTS = (
+    "INGEST_PORT",
+    "API_PORT",
+    "ORDERS_PORT",
+    "BONUSES_PORT",
+    "EMAIL_PORT",
+    "SMTP_PORT",
+)
+
+
+def run_all_env(settings: Settings) -> tuple[dict[str, str], dict[str, int]]:
+    """The environment for `payhooks run all` on the test's database and queue prefix, every
+    service on a free port; and those ports."""
+    ports = {name: free_port() for name in RUN_ALL_PORTS}
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": settings.database_url,
+        "AMQP_URL": settings.amqp_url,
+        "AMQP_PREFIX": settings.amqp_prefix,
+        "LOG_LEVEL": "WARNING",
+        **{name: str(port) for name, port in ports.items()},
+    }
+    return env, ports
 
 
 def payhooks_command() -> list[str]:

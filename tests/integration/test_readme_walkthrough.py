@@ -16,10 +16,9 @@ import aiohttp
 
 from shared.config import Settings
 from tests.helpers import eventually
-from tests.processes import free_port, payhooks_command
+from tests.processes import payhooks_command, run_all_env
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-PORTS = ("INGEST_PORT", "API_PORT", "ORDERS_PORT", "BONUSES_PORT", "EMAIL_PORT", "SMTP_PORT")
 
 
 def walkthrough() -> list[str]:
@@ -42,19 +41,10 @@ async def _ready(session: aiohttp.ClientSession, port: int) -> int:
 async def test_the_readme_walkthrough_works_as_written(settings: Settings, db: object) -> None:
     lines = walkthrough()
     assert lines[0] == "make run"  # started below as what it is: payhooks run all
-    ports = {name: free_port() for name in PORTS}
     suffix = uuid.uuid4().hex[:8]
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": settings.database_url,
-        "AMQP_URL": settings.amqp_url,
-        "AMQP_PREFIX": settings.amqp_prefix,
-        "LOG_LEVEL": "WARNING",
-        # What `make run` sets when nothing is configured.
-        "XHUB_WEBHOOK_SECRETS": "dev-secret",
-        "ADMIN_TOKEN": "dev-admin-token",
-        **{name: str(port) for name, port in ports.items()},
-    }
+    env, ports = run_all_env(settings)
+    # What `make run` sets when nothing is configured.
+    env |= {"XHUB_WEBHOOK_SECRETS": "dev-secret", "ADMIN_TOKEN": "dev-admin-token"}
     payhooks = " ".join(payhooks_command())
 
     def as_here(line: str) -> str:

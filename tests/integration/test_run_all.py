@@ -12,9 +12,7 @@ import aiohttp
 from services.cli.run_all import dev_environment, left_out
 from shared.config import Settings
 from tests.helpers import eventually
-from tests.processes import free_port, payhooks_command
-
-PORTS = ("INGEST_PORT", "API_PORT", "ORDERS_PORT", "BONUSES_PORT", "EMAIL_PORT", "SMTP_PORT")
+from tests.processes import payhooks_command, run_all_env
 
 
 async def ready(session: aiohttp.ClientSession, port: int) -> int:
@@ -47,15 +45,7 @@ def children_of(pid: int) -> list[int]:
 async def test_run_all_starts_every_service_restarts_a_dead_one_and_stops_them_all(
     settings: Settings, amqp: object, db: object
 ) -> None:
-    ports = {name: free_port() for name in PORTS}
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "DATABASE_URL": settings.database_url,
-        "AMQP_URL": settings.amqp_url,
-        "AMQP_PREFIX": settings.amqp_prefix,
-        "LOG_LEVEL": "WARNING",
-        **{name: str(port) for name, port in ports.items()},
-    }
+    env, ports = run_all_env(settings)
     process = await asyncio.create_subprocess_exec(
         *payhooks_command(),
         "run",
