@@ -1,10 +1,13 @@
-"""The api service: operator and shop routes behind the admin tokens (services/api/auth.py)."""
+"""The api service: operator and shop routes behind the admin tokens (services/api/auth.py),
+and the operator console under /console/ (services/api/console/), which signs people in
+with those tokens and answers in HTML."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from services.api import (
     audit_routes,
@@ -16,6 +19,8 @@ from services.api import (
     order_routes,
 )
 from services.api.auth import admin_auth
+from services.api.console import PREFIX as CONSOLE
+from services.api.console import console_app
 from services.api.dlq_access import DLQ_ACCESS, DlqAccess
 from services.api.responses import json_response, problem
 from shared.broker import BROKER, broker_ctx
@@ -46,6 +51,22 @@ async def path_ids(request: web.Request, handler: Handler) -> web.StreamResponse
     return await handler(request)
 
 
+def api_only(middleware: Middleware) -> Middleware:
+    """The JSON api's middlewares (bearer tokens, problem+json) leave the console alone."""
+
+    @web.middleware
+    async def wrapped(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == CONSOLE or request.path.startswith(CONSOLE + "/"):
+            return await handler(request)
+        return await middleware(request, handler)
+
+    return wrapped
+
+
+async def to_console(request: web.Request) -> web.Response:
+    raise web.HTTPPermanentRedirect(CONSOLE + "/")
+
+
 async def openapi_document(request: web.Request) -> web.Response:
     return json_response(openapi.DOCUMENT)
 
@@ -58,9 +79,9 @@ def create_app(
     registry = new_registry()
     queue_metrics = QueueMetrics.create(registry)
     app = base_app(registry)
-    app.middlewares.append(errors.json_errors)  # first: outside every other
-    app.middlewares.append(admin_auth(settings.admin_tokens, OPEN_PATHS))
-    app.middlewares.append(path_ids)
+    app.middlewares.append(api_only(errors.json_errors))  # first: outside every other
+    app.middlewares.append(api_only(admin_auth(settings.admin_tokens, OPEN_PATHS)))
+    app.middlewares.append(api_only(path_ids))
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
@@ -91,6 +112,8 @@ def create_app(
     app.router.add_get("/api/unrouted", dlq_routes.show_unrouted)
     app.router.add_get("/api/audit", audit_routes.list_actions)
     app.router.add_get(openapi.PATH, openapi_document)
+    app.router.add_get(CONSOLE, to_console)
+    app.add_subapp(CONSOLE, console_app(settings.admin_tokens))
     return app
 
 

@@ -6,11 +6,9 @@ import orjson
 from aiohttp import web
 
 from services.api.auth import actor
-from services.api.dlq_access import DLQ_ACCESS
+from services.api.dlq_access import DLQ_ACCESS, payment_dead_letters
 from services.api.responses import json_response, problem
-from shared import dlq, dlq_lock
 from shared.db import DB_POOL
-from shared.errors import UnavailableError
 from shared.http_limits import read_body
 from shared.order_input import OrderValidationError, order_json, parse_new_order
 from shared.payment_view import payment_view, user_bonus
@@ -50,17 +48,7 @@ async def get_order(request: web.Request) -> web.Response:
 
 async def get_payment(request: web.Request) -> web.Response:
     payment_id = request.match_info["payment_id"]
-    access = request.app[DLQ_ACCESS]
-    letters: list[dlq.DeadLetter] = []
-    missing: str | None = None
-    try:
-        async with access.channel() as channel:
-            letters = await dlq.dead_letters_for_payment(
-                channel, access.topology, payment_id, lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S
-            )
-    except (UnavailableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
-        # The database holds most of the answer: give it, and say what is missing.
-        missing = str(e)
+    letters, missing = await payment_dead_letters(request.app[DLQ_ACCESS], payment_id)
     view = await payment_view(request.app[DB_POOL], payment_id, letters)
     if view is None:
         return problem(404, "not_found", "payment not found")

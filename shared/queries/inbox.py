@@ -232,3 +232,15 @@ async def planned_for_values(db: Executor) -> AsyncIterator[Executor]:
 async def unpublished_count(conn: Executor) -> int:
     """Stored webhooks not yet confirmed by RabbitMQ."""
     return int(await conn.fetchval("SELECT count(*) FROM inbox_unpublished"))
+
+
+async def received_since(conn: Executor, seconds: float, cap: int) -> int:
+    """Webhooks first received in the last `seconds`, counted up to `cap` (an index range)."""
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM (SELECT 1 FROM inbox"
+            " WHERE received_at > now() - make_interval(secs => $1) LIMIT $2) recent",
+            seconds,
+            cap,
+        )
+    )
