@@ -75,7 +75,7 @@ async def _answer(gate: Gate, request: web.Request, handler: Handler) -> web.Str
             if who is None:
                 if request.method in ("GET", "HEAD"):
                     target = f"{SIGN_IN}?next={quote(request.path_qs, safe='/')}"
-                    response = web.HTTPSeeOther(target)
+                    response = sessions.see_other(target)
                     if sessions.SESSION_COOKIE in request.cookies:
                         sessions.forget_session(response)  # it ended: the browser drops it
                     return response
@@ -84,7 +84,7 @@ async def _answer(gate: Gate, request: web.Request, handler: Handler) -> web.Str
         return await handler(request)
     except web.HTTPException as e:
         if e.status < 400:
-            return e  # a redirect
+            raise  # a redirect
         return error(request, e.status, e.reason)
     except _UNAVAILABLE as e:
         log.warning("console.unavailable", path=request.path, error=repr(e))

@@ -78,14 +78,14 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
         why = f"Token {token.name} has scope {token.scope}: the console needs an operator token."
         return render(request, "sign_in.html", status=403, next=target, problem=why)
     value = await gate.sign_in(request.config_dict[DB_POOL], token)
-    response = web.HTTPSeeOther(target)
+    response = sessions.see_other(target)
     sessions.set_cookie(request, response, sessions.SESSION_COOKIE, value)
     return response
 
 
 async def sign_out(request: web.Request) -> web.StreamResponse:
     await request.config_dict[GATE].sign_out(request.config_dict[DB_POOL], request)
-    response = web.HTTPSeeOther(SIGN_IN)
+    response = sessions.see_other(SIGN_IN)
     sessions.forget_session(response)
     return response
 
@@ -147,13 +147,13 @@ async def search(request: web.Request) -> web.StreamResponse:
     if await orders_sql.order_for_payment(db, wanted) or await inbox_sql.webhooks_for_payment(
         db, wanted
     ):
-        raise web.HTTPSeeOther(_payment_url(wanted))
+        return sessions.see_other(_payment_url(wanted))
     order = await orders_sql.order_by_id(db, wanted)
     if order is not None:
-        raise web.HTTPSeeOther(_payment_url(order["payment_id"]))
+        return sessions.see_other(_payment_url(order["payment_id"]))
     event = await inbox_sql.webhook(db, PROVIDER, wanted)
     if event is not None and event["payment_id"]:
-        raise web.HTTPSeeOther(_payment_url(event["payment_id"]) + "#events")
+        return sessions.see_other(_payment_url(event["payment_id"]) + "#events")
     return render(request, "search.html", q=wanted, problem=None)
 
 

@@ -96,6 +96,12 @@ def set_cookie(request: web.Request, response: web.StreamResponse, name: str, va
     )
 
 
+def see_other(location: str) -> web.Response:
+    """A 303 to `location`: after a form, the browser GETs it (aiohttp's HTTPSeeOther is for
+    raising, not returning)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
 def forget_session(response: web.StreamResponse) -> None:
     response.del_cookie(SESSION_COOKIE, path=PREFIX)
 
