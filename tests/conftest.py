@@ -261,7 +261,7 @@ async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
     await init_connection(conn)
     await conn.execute(
         "TRUNCATE inbox, inbox_unpublished, orders, order_transitions, processed_events, outbox,"
-        " bonus_ledger, emails_sent, operator_actions RESTART IDENTITY"
+        " bonus_ledger, emails_sent, operator_actions, console_sessions RESTART IDENTITY"
     )
     try:
         yield conn

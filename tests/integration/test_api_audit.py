@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
+from structlog.testing import capture_logs
 
 from shared.config import Settings
 from shared.topology import Topology
 from tests.integration.api_contract import documented, running_api
 from tests.integration.test_cli_operators import cli_env, run_payhooks
-from tests.integration.test_dlq import Letter, new_id, put_dead_letters
+from tests.integration.test_dlq import Letter, new_id, put_dead_letters, queue_ids
 
 SHOP = {"Authorization": "Bearer shop-token"}
 ANN = {"Authorization": "Bearer ann-token"}
@@ -141,3 +142,35 @@ async def test_cli_requeue_purge_and_order_add_are_recorded_as_the_os_user(
     human = await run_payhooks(env, "audit")
     assert f"cli:{user}" in human.out
     assert "order.register" in human.out
+
+
+async def test_an_action_whose_audit_write_fails_still_stands_and_is_logged_loudly(
+    api: TestClient, db: Any, channel: AbstractChannel, topology: Topology
+) -> None:
+    work = topology.work["orders"]
+    letter = Letter()
+    await put_dead_letters(channel, work, [letter])
+    # The audit table refuses ann's rows (a full disk, a lost privilege would do the same).
+    await db.execute(
+        "CREATE FUNCTION refuse_ann() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.actor = 'ann' THEN RAISE EXCEPTION 'audit write refused'; END IF;"
+        " RETURN NEW; END $$;"
+        " CREATE TRIGGER refuse_ann BEFORE INSERT ON operator_actions"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_ann()"
+    )
+    try:
+        with capture_logs() as logs:
+            answer = await api.post(
+                "/api/dlq/orders/requeue", json={"ids": [letter.id]}, headers=ANN
+            )
+    finally:
+        await db.execute("DROP TRIGGER refuse_ann ON operator_actions; DROP FUNCTION refuse_ann()")
+
+    assert answer.status == 200
+    assert (await answer.json())["requeued"] == 1  # the requeue happened: it is not undone
+    assert await queue_ids(channel, {work.name: [letter.id]}) == {work.name: [letter.id]}
+    assert await trail(db) == []
+    [failed] = [e for e in logs if e["event"] == "audit_record_failed"]
+    assert failed["log_level"] == "error"
+    assert (failed["actor"], failed["action"], failed["ids"]) == ("ann", "dlq.requeue", [letter.id])
+    assert "audit write refused" in failed["error"]
