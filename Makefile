@@ -56,14 +56,16 @@ migrate: install
 	$(BIN)/payhooks migrate
 
 # The whole system on one machine: `payhooks run all` (one process per service, prefixed
-# logs, restarts, Ctrl-C stops all, a dev SMTP sink on :1025). Dev secret and admin token
-# when none are configured: never use them outside your machine.
+# logs, restarts, Ctrl-C stops all, a dev SMTP sink on :1025). Without a ./.env, a dev secret
+# and admin token when the environment has none (never use them outside your machine); with
+# one, its settings (`cp .env.example .env` has the same dev values), the environment's first.
 # PostgreSQL and RabbitMQ are checked first (scripts/preflight.py): a missing one stops it at
 # once, named, with how to start it.
 run: install
 	@$(PY) scripts/preflight.py
+	@if [ -f .env ]; then exec $(BIN)/payhooks run all; fi; \
 	XHUB_WEBHOOK_SECRETS=$${XHUB_WEBHOOK_SECRETS:-dev-secret} ADMIN_TOKEN=$${ADMIN_TOKEN:-dev-admin-token} \
-	$(BIN)/payhooks run all
+	exec $(BIN)/payhooks run all
 
 lint: install
 	$(BIN)/ruff format --check .

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import aio_pika
 import aiormq
 import asyncpg
+from dotenv import load_dotenv
 
 from shared.config import ConfigError, Settings
 
@@ -174,6 +175,9 @@ def main() -> int:
     args = parser.parse_args()
     for library in ("aio_pika", "aiormq", "asyncio"):  # our messages, not their tracebacks
         logging.getLogger(library).setLevel(logging.CRITICAL)
+    # What `payhooks` will read: ./.env under the environment's own variables.
+    if Path(".env").is_file():
+        load_dotenv(".env", override=False)
     try:
         settings = Settings.from_env()
     except ConfigError as e:

@@ -245,7 +245,7 @@ async def unrouted_show(settings: Settings, args: argparse.Namespace) -> int:
         seen = await unrouted.view(channel, topology.unrouted, limit=args.limit)
     if args.json:
         _print_json(seen.as_json())
-        return EXIT_OK if seen.total else EXIT_NOTHING
+        return EXIT_OK  # an empty queue is an answer, as for `dlq show`
     age = seen.oldest_age_seconds
     print(
         f"{seen.queue}: {seen.total} message(s) no worker consumes"
@@ -256,4 +256,4 @@ async def unrouted_show(settings: Settings, args: argparse.Namespace) -> int:
         table(columns, [[m.as_json()[c] for c in columns] for m in seen.messages])
         counts = ", ".join(f"{event} {n}" for event, n in seen.by_event.items())
         print(f"\n{len(seen.messages)} of {seen.total} shown; all {seen.total} by event: {counts}")
-    return EXIT_OK if seen.total else EXIT_NOTHING
+    return EXIT_OK

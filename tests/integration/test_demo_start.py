@@ -39,14 +39,14 @@ def closed_port() -> int:
     return port
 
 
-def run(argv: list[str], **env: str) -> tuple[int, str, float]:
+def run(argv: list[str], cwd: Path = ROOT, **env: str) -> tuple[int, str, float]:
     """Exit status, output (stdout and stderr) and seconds; the process group killed (and
-    the test failed) past LIMIT_S."""
+    the test failed) past LIMIT_S. An `env` value of "" leaves that variable out."""
     started = time.monotonic()
     process = subprocess.Popen(
         argv,
-        cwd=ROOT,
-        env={**os.environ, **env},
+        cwd=cwd,
+        env={k: v for k, v in {**os.environ, **env}.items() if v != ""},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -159,3 +159,20 @@ def test_the_demo_script_is_strict_and_cleans_up() -> None:
     assert run_target.group(1).index("scripts/preflight.py") < run_target.group(1).index(
         "payhooks run all"
     )
+
+
+def test_the_dependency_check_reads_dot_env_as_payhooks_does(tmp_path: Path) -> None:
+    """`make run` checks what `payhooks run all` will use: ./.env's values, the environment's
+    where both set one."""
+    port = closed_port()
+    (tmp_path / ".env").write_text(
+        f"DATABASE_URL=postgresql://postgres@127.0.0.1:{port}/payhooks\nAMQP_URL={TEST_AMQP_URL}\n"
+    )
+    preflight = [str(ROOT / ".venv/bin/python"), str(ROOT / "scripts/preflight.py"), "--wait", "1"]
+
+    from_file = run(preflight, cwd=tmp_path, DATABASE_URL="", AMQP_URL="")
+    overridden = run(preflight, cwd=tmp_path, DATABASE_URL=TEST_DATABASE_URL, AMQP_URL="")
+
+    assert from_file[0] == 1, from_file[1]
+    assert f"PostgreSQL (DATABASE_URL, 127.0.0.1:{port}): nothing listens" in from_file[1]
+    assert overridden[0] == 0, overridden[1]

@@ -235,7 +235,7 @@ async def test_payhooks_unrouted_show_counts_and_shows_without_moving_anything(
 ) -> None:
     env = cli_env(settings)
     empty = await run_payhooks(env, "unrouted", "show")
-    assert empty.code == 1, empty.err
+    assert empty.code == 0, empty.err  # an empty queue is an answer, not a failure
     assert f"{topology.unrouted}: 0 message(s)" in empty.out
 
     sent = [
