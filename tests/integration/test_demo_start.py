@@ -39,7 +39,11 @@ def closed_port() -> int:
     return port
 
 
-def run(argv: list[str], cwd: Path = ROOT, **env: str) -> tuple[int, str, float]:
+def run(argv: list[str], **env: str) -> tuple[int, str, float]:
+    return run_in(ROOT, argv, env)
+
+
+def run_in(cwd: Path, argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
     """Exit status, output (stdout and stderr) and seconds; the process group killed (and
     the test failed) past LIMIT_S. An `env` value of "" leaves that variable out."""
     started = time.monotonic()
@@ -170,8 +174,8 @@ def test_the_dependency_check_reads_dot_env_as_payhooks_does(tmp_path: Path) -> 
     )
     preflight = [str(ROOT / ".venv/bin/python"), str(ROOT / "scripts/preflight.py"), "--wait", "1"]
 
-    from_file = run(preflight, cwd=tmp_path, DATABASE_URL="", AMQP_URL="")
-    overridden = run(preflight, cwd=tmp_path, DATABASE_URL=TEST_DATABASE_URL, AMQP_URL="")
+    from_file = run_in(tmp_path, preflight, {"DATABASE_URL": "", "AMQP_URL": ""})
+    overridden = run_in(tmp_path, preflight, {"DATABASE_URL": TEST_DATABASE_URL, "AMQP_URL": ""})
 
     assert from_file[0] == 1, from_file[1]
     assert f"PostgreSQL (DATABASE_URL, 127.0.0.1:{port}): nothing listens" in from_file[1]
