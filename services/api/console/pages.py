@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import quote
 
+import structlog
 from aiohttp import web
 
 from services.api.console import sessions
@@ -26,6 +27,8 @@ from shared.queries import orders as orders_sql
 from shared.tokens import OPERATOR
 from shared.web import REGISTRY
 from shared.xhub import PROVIDER
+
+log = structlog.get_logger(__name__)
 
 FILTERS = ("reason", "event_type", "payment_id", "since", "until")
 MAX_ROWS = 200  # dead letters or unrouted messages listed on one page
@@ -71,13 +74,16 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
     gate = request.config_dict[GATE]
     token = gate.token_for(_field(form, "token").strip())
     if token is None:
+        log.warning("console.sign_in_refused", reason="unknown token", peer=request.remote)
         return render(
             request, "sign_in.html", status=401, next=target, problem="That token is not valid."
         )
     if token.scope != OPERATOR:
         why = f"Token {token.name} has scope {token.scope}: the console needs an operator token."
+        log.warning("console.sign_in_refused", reason="not operator", actor=token.name)
         return render(request, "sign_in.html", status=403, next=target, problem=why)
     value = await gate.sign_in(request.config_dict[DB_POOL], token)
+    log.info("console.signed_in", actor=token.name, peer=request.remote)
     response = sessions.see_other(target)
     sessions.set_cookie(request, response, sessions.SESSION_COOKIE, value)
     return response
