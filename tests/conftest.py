@@ -179,6 +179,10 @@ def migrated_database() -> Iterator[str]:
 _PREFIXES: list[str] = []
 _TEST_RETRY_DELAYS = "0.2,0.4"
 _MIN_QUEUE_AGE_S = 1.0
+# Test topologies whose queues wait to be deleted until they are _MIN_QUEUE_AGE_S old, with
+# when they were declared: by a later test's teardown (no test sleeps for its own), the rest
+# by the session's end.
+_UNDELETED: list[tuple[float, Topology]] = []
 
 
 @pytest.fixture
@@ -203,20 +207,26 @@ async def _delete_everything(channel: aio_pika.abc.AbstractChannel, prefix: str)
 
 @pytest.fixture(scope="session", autouse=True)
 def _sweep_queues() -> Iterator[None]:
-    """Without a vhost of the run's own (a broker on another machine), delete every queue of
-    every prefix again at the end: a service that was still shutting down when its test's
-    teardown deleted them may have declared some anew (left behind, hundreds of them once
-    wedged this machine's RabbitMQ)."""
+    """At the end, the last tests' queues once old enough; and without a vhost of the run's
+    own (a broker on another machine), every queue of every prefix again: a service that was
+    still shutting down when its test's queues were deleted may have declared some anew (left
+    behind, hundreds of them once wedged this machine's RabbitMQ). With one, the vhost goes at
+    the end with whatever is left in it."""
     yield
-    if not _PREFIXES or _RUN_VHOST is not None:
-        return  # the run's vhost goes at the end, with whatever is left in it
+    if not _PREFIXES:
+        return
 
     async def sweep() -> None:
         connection = await aio_pika.connect(TEST_AMQP_URL, timeout=CONNECT_TIMEOUT_S)
         try:
             channel = await connection.channel()
-            for name in _PREFIXES:
-                await _delete_everything(channel, name)
+            if _UNDELETED:
+                youngest = max(at for at, _ in _UNDELETED)
+                await asyncio.sleep(max(0.0, _MIN_QUEUE_AGE_S - (time.monotonic() - youngest)))
+                await _delete_old_topologies(channel)
+            if _RUN_VHOST is None:
+                for name in _PREFIXES:
+                    await _delete_everything(channel, name)
         finally:
             await connection.close()
 
@@ -278,10 +288,6 @@ async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel
     try:
         yield channel
     finally:
-        # A quorum queue deleted while its dead-letter worker still starts crashes that worker,
-        # and two such crashes in 5 s kill RabbitMQ 3.10's dead-letter supervisor
-        # (tests/dlx_guard.py): quick tests give their queues a moment first.
-        await asyncio.sleep(max(0.0, _MIN_QUEUE_AGE_S - (time.monotonic() - started)))
         if channel.is_closed:
             try:
                 channel = await connection.channel()
@@ -290,9 +296,23 @@ async def amqp(topology: Topology) -> AsyncIterator[aio_pika.abc.AbstractChannel
                     await connection.close()
                 connection = await aio_pika.connect(TEST_AMQP_URL, timeout=CONNECT_TIMEOUT_S)
                 channel = await connection.channel()
+        _UNDELETED.append((started, topology))
+        await _delete_old_topologies(channel)
+        await connection.close()
+
+
+async def _delete_old_topologies(channel: aio_pika.abc.AbstractChannel) -> None:
+    """Delete the queues of finished tests once they are _MIN_QUEUE_AGE_S old. A quorum queue
+    deleted while its dead-letter worker still starts crashes that worker, and two such
+    crashes in 5 s kill RabbitMQ 3.10's dead-letter supervisor (tests/dlx_guard.py): younger
+    ones wait for a later teardown rather than this test sleeping for them."""
+    now = time.monotonic()
+    due = [(at, t) for at, t in _UNDELETED if now - at >= _MIN_QUEUE_AGE_S]
+    for entry in due:
+        _UNDELETED.remove(entry)
+        topology = entry[1]
         await delete(channel, topology)
         await _delete_everything(channel, topology.prefix)
-        await connection.close()
 
 
 @pytest.fixture
