@@ -48,7 +48,8 @@ async def keep_running(
 ) -> None:
     """Run `step` for ever: again `interval_s` after each run, or as soon as `wake` is set.
     A step that raises is logged (`failed_event`) and tried again next time: the loop
-    outlives every outage of what the step uses."""
+    outlives every outage of what the step uses, but not a cancellation, also one a library
+    swallowed during the step."""
     while True:
         if wake is not None:
             wake.clear()  # before the step: a wake-up during it runs the next one at once
@@ -56,9 +57,21 @@ async def keep_running(
             await step()
         except Exception as e:
             log.warning(failed_event, error=repr(e))
+        if _cancel_swallowed():
+            # aio-pika can swallow a CancelledError while it opens a channel (and sometimes turn
+            # it into an error the step reports): the loop would sleep on, and the shutdown that
+            # cancelled it would wait for ever (the api's monitor, seen in tests).
+            raise asyncio.CancelledError
         if wake is None:
             await asyncio.sleep(interval_s)
             continue
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval_s):
                 await wake.wait()
+
+
+def _cancel_swallowed() -> bool:
+    """The current task was asked to stop and the request never came out as CancelledError
+    (asyncio.timeout withdraws its own requests, so these are someone else's)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

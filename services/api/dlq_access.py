@@ -18,6 +18,9 @@ from shared.broker import Broker
 from shared.errors import UnavailableError
 
 _OPEN_TIMEOUT_S = 5.0
+# A close whose answer never comes (aiormq after an operation cancelled mid-RPC, e.g. the
+# monitor's at shutdown: seen holding the api's exit for ever) is given up on.
+_CLOSE_TIMEOUT_S = 2.0
 
 # Errors that mean "RabbitMQ is not there" rather than "this operation is wrong".
 _GONE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError)
@@ -42,8 +45,9 @@ class DlqAccess:
         except (*_GONE, ConnectionError) as e:
             raise UnavailableError(f"RabbitMQ went away: {e!r}") from e
         finally:
-            with contextlib.suppress(aio_pika.exceptions.AMQPError, OSError):
-                await channel.close()
+            with contextlib.suppress(aio_pika.exceptions.AMQPError, OSError, TimeoutError):
+                async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                    await channel.close()
 
 
 DLQ_ACCESS = web.AppKey("dlq_access", DlqAccess)
