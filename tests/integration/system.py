@@ -196,6 +196,22 @@ def smtp_messages(sink: SmtpSink, payment_id: str) -> list[str]:
     )
 
 
+async def paid_once(db: Any, sink: SmtpSink, payment_id: str, event_id: str) -> None:
+    """The orders worker applied `event_id` once, paying the order: one processed mark, one
+    grant of 500 points, one success email recorded and one received by the SMTP sink."""
+    processed = await db.fetchval(
+        "SELECT count(*) FROM processed_events WHERE worker = 'orders' AND event_id = $1", event_id
+    )
+    assert processed == 1
+    assert await effects(db, payment_id) == {
+        "status": "PAID",
+        "bonus": 500,
+        "ledger": ["grant"],
+        "emails": ["payment_succeeded"],
+    }
+    assert smtp_messages(sink, payment_id) == ["payment_succeeded"]
+
+
 def smtp_counts(sink: SmtpSink) -> Counter[str]:
     """SMTP messages received per Message-ID (one per (template, payment) is the rule)."""
     return Counter(str(m["Message-ID"]) for m in sink.messages)
