@@ -27,7 +27,7 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException
+from selenium.common.exceptions import NoSuchElementException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -210,8 +210,19 @@ class Console:
         page = self.driver.find_element(By.TAG_NAME, "html")
         action()
         wait = WebDriverWait(self.driver, WAIT_S)
-        wait.until(expected_conditions.staleness_of(page))
+        wait.until(lambda _: _left(page))
         wait.until(expected_conditions.presence_of_element_located((By.ID, "main")))
+
+
+def _left(page: WebElement) -> bool:
+    """The browser has left the page `page` belongs to. Chromedriver says so with a stale
+    element reference, or sometimes "Node with given id does not belong to the document"
+    (a plain WebDriverException, which selenium's staleness_of lets through)."""
+    try:
+        page.is_enabled()
+    except WebDriverException:
+        return True
+    return False
 
 
 async def requeues(db: Any) -> list[tuple[str, str, list[str]]]:
