@@ -183,6 +183,7 @@ _MIN_QUEUE_AGE_S = 1.0
 # when they were declared: by a later test's teardown (no test sleeps for its own), the rest
 # by the session's end.
 _UNDELETED: list[tuple[float, Topology]] = []
+_MAX_UNDELETED = 3
 
 
 @pytest.fixture
@@ -305,12 +306,16 @@ async def _delete_old_topologies(channel: aio_pika.abc.AbstractChannel) -> None:
     """Delete the queues of finished tests once they are _MIN_QUEUE_AGE_S old. A quorum queue
     deleted while its dead-letter worker still starts crashes that worker, and two such
     crashes in 5 s kill RabbitMQ 3.10's dead-letter supervisor (tests/dlx_guard.py): younger
-    ones wait for a later teardown rather than this test sleeping for them."""
-    now = time.monotonic()
-    due = [(at, t) for at, t in _UNDELETED if now - at >= _MIN_QUEUE_AGE_S]
-    for entry in due:
-        _UNDELETED.remove(entry)
-        topology = entry[1]
+    ones wait for a later teardown rather than this test sleeping for them, unless more than
+    _MAX_UNDELETED wait (the run's vhost caps its queues)."""
+    while _UNDELETED:
+        declared_at, topology = _UNDELETED[0]
+        young_for_s = _MIN_QUEUE_AGE_S - (time.monotonic() - declared_at)
+        if young_for_s > 0:
+            if len(_UNDELETED) <= _MAX_UNDELETED:
+                return
+            await asyncio.sleep(young_for_s)
+        _UNDELETED.pop(0)
         await delete(channel, topology)
         await _delete_everything(channel, topology.prefix)
 
