@@ -28,14 +28,20 @@ ORDERS_ROUTES = frozenset(
 )
 
 
-def resolve(tokens: Collection[AdminToken], given: str) -> Actor | None:
-    """The actor whose token this is; every token compared, each in constant time."""
+def find_token(tokens: Collection[AdminToken], given: str) -> AdminToken | None:
+    """The configured token `given` is; every token compared, each in constant time."""
     found = None
     given_bytes = given.encode("utf-8", "replace")
     for token in tokens:
         if hmac.compare_digest(given_bytes, token.token.encode()):
-            found = token.actor
+            found = token
     return found
+
+
+def resolve(tokens: Collection[AdminToken], given: str) -> Actor | None:
+    """The actor whose token this is."""
+    token = find_token(tokens, given)
+    return None if token is None else token.actor
 
 
 def actor(request: web.Request) -> Actor:

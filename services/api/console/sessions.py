@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from services.api.auth import find_token
 from shared.db import Executor
 from shared.queries import console_sessions as sessions_sql
 from shared.tokens import OPERATOR, Actor, AdminToken
@@ -45,13 +46,7 @@ class Gate:
         self._operators = {_sha256(t.token): t.actor for t in tokens if t.scope == OPERATOR}
 
     def token_for(self, given: str) -> AdminToken | None:
-        """The configured token `given` is, every one compared in constant time."""
-        found = None
-        given_hash = _sha256(given)
-        for token in self._tokens:
-            if hmac.compare_digest(given_hash, _sha256(token.token)):
-                found = token
-        return found
+        return find_token(self._tokens, given)
 
     async def sign_in(self, db: Executor, token: AdminToken) -> str:
         """A new session for an operator token; the cookie value to give the browser."""
