@@ -34,6 +34,9 @@ class ConfigError(Exception):
 
 
 MIN_RETENTION_DAYS = 35
+# INGEST_PROCESSES above this is a typo, not a machine (each process holds its own database
+# pool of 10 and one RabbitMQ connection).
+_MAX_PROCESSES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ class Settings:
     admin_tokens: tuple[AdminToken, ...] = field(repr=False)  # ADMIN_TOKEN's first, as `admin`
     retention_days: int
     ingest_port: int
+    ingest_processes: int
     api_port: int
     orders_port: int
     bonuses_port: int
@@ -112,6 +116,7 @@ class Settings:
             ),
             "retention_days": reader.parse("RETENTION_DAYS", 35, _retention_days),
             "ingest_port": reader.parse("INGEST_PORT", 8080, _port),
+            "ingest_processes": reader.parse("INGEST_PROCESSES", 1, _processes),
             "api_port": reader.parse("API_PORT", 8081, _port),
             "orders_port": reader.parse("ORDERS_PORT", 9101, _port),
             "bonuses_port": reader.parse("BONUSES_PORT", 9102, _port),
@@ -237,6 +242,13 @@ def _port(raw: str) -> int:
     value = _positive_int(raw)
     if value > 65535:
         raise ValueError("must be a port number (1-65535)")
+    return value
+
+
+def _processes(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > _MAX_PROCESSES:
+        raise ValueError(f"must be 1-{_MAX_PROCESSES}")
     return value
 
 

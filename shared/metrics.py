@@ -18,6 +18,7 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from shared.xhub import PROVIDER
 
@@ -58,9 +59,20 @@ def new_registry() -> CollectorRegistry:
         "Always 1; the running payhooks version in its label.",
         ["version"],
         registry=registry,
+        multiprocess_mode="max",  # one series for a service's copies, not one per pid
     )
     build_info.labels(version=build_version()).set(1)
     ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+def multiprocess_registry(path: str) -> CollectorRegistry:
+    """What /metrics exports when a service runs as several processes sharing `path`: every
+    payhooks metric summed over them, and python_info. process_* are left out: they would
+    describe only whichever process answered the scrape."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
     PlatformCollector(registry=registry)
     return registry
 

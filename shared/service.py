@@ -1,13 +1,18 @@
-"""Running a service: one aiohttp app on uvloop, graceful on SIGTERM, with its HTTP limits."""
+"""Running a service: one aiohttp app on uvloop, graceful on SIGTERM, with its HTTP limits;
+or, where the service allows it, several copies of it on one port (shared/supervisor.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
+import signal
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import structlog
 import uvloop
 from aiohttp import web
 
@@ -15,6 +20,12 @@ from shared.config import ConfigError, Settings
 from shared.console import EXIT_USAGE
 from shared.http_limits import HTTP_LIMITS
 from shared.logs import configure_logging
+from shared.metrics import multiprocess_registry
+from shared.supervisor import METRICS_DIR_ENV, supervise, supervised_by
+from shared.tasks import background
+from shared.web import REGISTRY
+
+log = structlog.get_logger(__name__)
 
 # In-flight requests get this long to finish after SIGTERM before connections are closed.
 SHUTDOWN_TIMEOUT_S = 15.0
@@ -28,8 +39,41 @@ async def _freeze_startup_objects(app: web.Application) -> None:
     gc.freeze()
 
 
+async def _exit_when_orphaned(supervisor_pid: int) -> None:
+    try:
+        handle = os.pidfd_open(supervisor_pid)  # readable once that process has exited
+    except ProcessLookupError:
+        handle = None
+    if handle is not None:
+        loop = asyncio.get_running_loop()
+        gone = asyncio.Event()
+        loop.add_reader(handle, gone.set)
+        try:
+            if os.getppid() == supervisor_pid:  # it may have died before the pidfd opened
+                await gone.wait()
+        finally:
+            loop.remove_reader(handle)
+            os.close(handle)
+    log.error("service.supervisor_gone", supervisor_pid=supervisor_pid)
+    os.kill(os.getpid(), signal.SIGTERM)  # the graceful stop, as if the supervisor had asked
+
+
+def _supervised(app: web.Application, supervisor_pid: int) -> None:
+    """One of several copies: /metrics answers for all of them; a copy whose supervisor died
+    (SIGKILL leaves no time to ask it) stops instead of serving on, unseen."""
+    app[REGISTRY] = multiprocess_registry(os.environ[METRICS_DIR_ENV])
+
+    async def watch(app: web.Application) -> AsyncIterator[None]:
+        async with background(_exit_when_orphaned(supervisor_pid), "supervisor-watch"):
+            yield
+
+    app.cleanup_ctx.append(watch)
+
+
 def run(app: web.Application, port: int, *, ssl_context: ssl.SSLContext | None = None) -> None:
     app.on_startup.append(_freeze_startup_objects)
+    if (supervisor_pid := supervised_by()) is not None:
+        _supervised(app, supervisor_pid)
     web.run_app(
         app,
         port=port,
@@ -39,6 +83,7 @@ def run(app: web.Application, port: int, *, ssl_context: ssl.SSLContext | None =
         access_log=None,
         print=None,
         backlog=1024,
+        reuse_port=supervisor_pid is not None,
         **app[HTTP_LIMITS].server_options(),
     )
 
@@ -52,6 +97,8 @@ class Service:
     port: Callable[[Settings], int]
     required_env: tuple[str, ...] = ()
     tls: Callable[[Settings], ssl.SSLContext | None] = lambda settings: None
+    # How many copies to run on the one port (INGEST_PROCESSES for ingest).
+    processes: Callable[[Settings], int] = lambda settings: 1
 
 
 def serve(service: Service) -> None:
@@ -62,6 +109,8 @@ def serve(service: Service) -> None:
         sys.stderr.write(f"payhooks: {e}\n")
         raise SystemExit(EXIT_USAGE) from None
     configure_logging(settings.log_level, settings.log_format)
+    if (copies := service.processes(settings)) > 1 and supervised_by() is None:
+        raise SystemExit(supervise(service.name, copies))
     try:
         app = service.create_app(settings)  # may read more than the environment (templates)
     except ConfigError as e:

@@ -69,4 +69,11 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
-SERVICE = Service("ingest", create_app, lambda s: s.ingest_port, ("XHUB_WEBHOOK_SECRETS",), _tls)
+SERVICE = Service(
+    "ingest",
+    create_app,
+    lambda s: s.ingest_port,
+    ("XHUB_WEBHOOK_SECRETS",),
+    _tls,
+    processes=lambda s: s.ingest_processes,
+)

@@ -36,6 +36,7 @@ def test_defaults_match_spec_section_2() -> None:
     assert settings.reconcile_after_s == 900.0
     assert settings.admin_token is None
     assert settings.ingest_port == 8080
+    assert settings.ingest_processes == 1
     assert settings.api_port == 8081
     assert settings.orders_port == 9101
     assert settings.bonuses_port == 9102
@@ -64,6 +65,7 @@ def test_every_variable_is_read_from_the_given_environment() -> None:
             "RECONCILE_AFTER": "30",
             "ADMIN_TOKEN": "admin",
             "INGEST_PORT": "1",
+            "INGEST_PROCESSES": "4",
             "API_PORT": "2",
             "ORDERS_PORT": "3",
             "BONUSES_PORT": "4",
@@ -85,6 +87,7 @@ def test_every_variable_is_read_from_the_given_environment() -> None:
     assert settings.retry_delays_s == (2.0, 4.0)
     assert (settings.reconcile_interval_s, settings.reconcile_after_s) == (1.5, 30.0)
     assert settings.admin_token == "admin"
+    assert settings.ingest_processes == 4
     ports = (
         settings.ingest_port,
         settings.api_port,
@@ -118,6 +121,9 @@ def test_empty_optional_variable_means_unset() -> None:
         ("INGEST_MAX_BODY", "1.5"),
         ("SMTP_PORT", "65536"),
         ("INGEST_PORT", "http"),
+        ("INGEST_PROCESSES", "0"),
+        ("INGEST_PROCESSES", "65"),
+        ("INGEST_PROCESSES", "two"),
         ("BONUS_POINTS", "0"),
         ("RECONCILE_INTERVAL", "nan"),
         ("RECONCILE_AFTER", "-5"),
