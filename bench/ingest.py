@@ -40,7 +40,7 @@ from bench.observe import (
     cpu_ticks,
     cpu_used,
     mean_delta,
-    peak_rss_mb,
+    peak_rss_per_process_mb,
     scrape,
     wait_quiet,
 )
@@ -259,7 +259,7 @@ def run_one(
     return Result(
         name=name,
         summary=summary,
-        peak_rss_mb=peak_rss_mb(server_pid) if server_pid else None,
+        peak_rss_mb=peak_rss_per_process_mb(server_pid) if server_pid else None,
         cpu_pct=cpu_pct,
         avg_batch=mean_delta(metrics_before, metrics_after, "payhooks_ingest_batch_size"),
         avg_confirm_ms=None if confirm_s is None else confirm_s * 1000,
@@ -319,7 +319,7 @@ def print_table(results: list[Result]) -> None:
         ("latency p50 ms", [f"{r.summary.p50_ms:.1f}" for r in results]),
         ("latency p99 ms", [f"{r.summary.p99_ms:.1f}" for r in results]),
         ("latency max ms", [f"{r.summary.max_ms:.1f}" for r in results]),
-        ("ingest peak RSS MB", [fmt(r.peak_rss_mb, ".1f") for r in results]),
+        ("ingest peak RSS MB per process", [fmt(r.peak_rss_mb, ".1f") for r in results]),
         ("avg accept batch", [fmt(r.avg_batch, ".1f") for r in results]),
         ("avg confirm ms/batch", [fmt(r.avg_confirm_ms, ".1f") for r in results]),
     ]

@@ -23,8 +23,21 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def _group(entry: Path, comm: str, server_pid: int | None, database: str) -> str:
-    if int(entry.name) == server_pid:
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s children (INGEST_PROCESSES copies under their supervisor)."""
+    with contextlib.suppress(OSError):
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
+
+
+def peak_rss_per_process_mb(pid: int) -> float | None:
+    """The highest peak RSS of `pid` and its children (each copy of a supervised ingest)."""
+    peaks = [peak for p in (pid, *children(pid)) if (peak := peak_rss_mb(p)) is not None]
+    return max(peaks, default=None)
+
+
+def _group(entry: Path, comm: str, ppid: int, server_pid: int | None, database: str) -> str:
+    if server_pid is not None and server_pid in (int(entry.name), ppid):
         return "ingest"
     if comm.startswith("postgres"):
         # A backend's title is "postgres: 15/main: user database host(port) state": backends
@@ -52,7 +65,7 @@ def cpu_ticks(server_pid: int | None, skip: list[int], database: str) -> dict[in
             continue  # gone meanwhile
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        group = _group(entry, comm, server_pid, database)
+        group = _group(entry, comm, int(fields[1]), server_pid, database)
         ticks[int(entry.name)] = (group, int(fields[11]) + int(fields[12]))
     return ticks
 
