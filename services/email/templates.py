@@ -3,6 +3,7 @@ deterministic Message-ID."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 from collections.abc import Mapping
 from email.header import Header
@@ -54,11 +55,17 @@ def render(
     parts = (default_templates() if templates is None else templates)[template]
     values = {"order_id": order_id, "amount": amount, "currency": currency}
     escaped = {k: html.escape(v) for k, v in values.items()}
-    msg = MIMEMultipart("alternative")
+    mid = message_id(template, payment_id, sender)
+    # Our own boundary, so the generator need not make one: it draws a random one and
+    # compiles a regular expression per message to check the text doesn't hold it (a tenth
+    # of the email worker's CPU in bench/workers.py's profile). The parts are base64 (utf-8
+    # bodies), whose lines never start with "--": no text can collide with it.
+    boundary = "=_payhooks_" + hashlib.sha256(mid.encode()).hexdigest()[:32]
+    msg = MIMEMultipart("alternative", boundary=boundary)
     msg["From"] = sender
     msg["To"] = recipient
     msg["Subject"] = _header(parts.subject.substitute(values))
-    msg["Message-ID"] = message_id(template, payment_id, sender)
+    msg["Message-ID"] = mid
     msg[TEMPLATE_HEADER] = template
     msg.attach(MIMEText(parts.text.substitute(values), "plain", "utf-8"))
     msg.attach(MIMEText(parts.html.substitute(escaped), "html", "utf-8"))

@@ -4,6 +4,7 @@ texts (defaults and a shop's own, one file format) and how they render."""
 from __future__ import annotations
 
 import re
+from email import message_from_bytes
 from email.errors import HeaderParseError
 from email.header import decode_header, make_header
 from email.message import Message
@@ -46,6 +47,28 @@ def test_rendered_email_carries_the_message_id_once() -> None:
         sender="Shop <payments@shop.example>",
     )
     assert msg.get_all("Message-ID") == ["<payment_succeeded.pay_1@shop.example>"]
+
+
+def test_the_boundary_is_ours_and_no_body_line_can_hold_it() -> None:
+    """The boundary is set, not drawn by the generator: a text that spells it out (even a
+    shop's, in a line of its own) still parses back into the same two parts."""
+    first = rendered()
+    boundary = first.get_boundary()
+    assert boundary is not None
+    assert boundary.startswith("=_payhooks_")
+    assert rendered().get_boundary() == boundary  # per Message-ID, the same on a resend
+    assert rendered(payment_id="pay_2").get_boundary() != boundary
+    text = f"Subject: x\n\n--{boundary}\n--{boundary}--\n--- html ---\n<p>--{boundary}</p>\n"
+    shop = {"payment_succeeded": parse_template(text)}
+    msg = rendered(shop)
+    again = message_from_bytes(msg.as_bytes())
+    assert [p.get_content_type() for p in again.walk()] == [
+        "multipart/alternative",
+        "text/plain",
+        "text/html",
+    ]
+    assert parts(again) == parts(msg)
+    assert parts(again)[0] == f"--{boundary}\n--{boundary}--\n"
 
 
 # --- the texts: defaults shipped as files, a shop's own parsed by the same rules ---------------
