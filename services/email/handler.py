@@ -55,10 +55,10 @@ def make_handler(
     metrics: EmailMetrics,
     templates: Mapping[str, EmailTemplate] | None = None,
 ) -> BatchHandler:
-    """A batch's emails are decided in one transaction (payments in id order, each payment
-    locked), then sent (a payment's emails one after the other in the order decided,
-    different payments concurrently), then committed together; the record of an email whose
-    send failed is taken back before the commit.
+    """A batch's emails are decided in one transaction (its payments locked first, in one
+    statement; then each message in payment id order), then sent (a payment's emails one
+    after the other in the order decided, different payments concurrently), then committed
+    together; the record of an email whose send failed is taken back before the commit.
 
     The commit follows the SMTP server's acceptance. If PostgreSQL goes away between the two,
     the record is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
@@ -66,8 +66,9 @@ def make_handler(
     that resends, with the same deterministic Message-ID, which mail systems dedup."""
 
     async def decide(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
-        """Claim the email (or record it skipped) under the payment's lock; an email to send
-        is left on the step. `orders`: the batch's, read before its transaction."""
+        """Claim the email (or record it skipped) under the payment's lock (taken for the
+        batch before its first message); an email to send is left on the step. `orders`:
+        the batch's, read before its transaction."""
         conn = step.conn
         transition = OrderTransition.decode(delivery.body)
         template = TEMPLATE_FOR_EVENT.get(transition.event)
@@ -79,7 +80,6 @@ def make_handler(
             raise UnknownPaymentError(f"no order for payment {payment_id}")
         mid = message_id(template, payment_id, email_from)
         record = (payment_id, template, mid, order["email"], delivery.message_id)
-        await emails_sql.lock_payment_emails(conn, payment_id)
         to_send = await emails_sql.claim_email(
             conn, *record, skip_if_recorded=REFUNDED_EMAIL if template == SUCCEEDED_EMAIL else None
         )
@@ -117,7 +117,12 @@ def make_handler(
         try:
             orders = await orders_sql.orders_for_payments(pool, keys_of(deliveries, _payment_id))
             results, _ = await apply_batch(
-                pool, deliveries, partial(decide, orders), _payment_id, before_commit=send
+                pool,
+                deliveries,
+                partial(decide, orders),
+                _payment_id,
+                before_commit=send,
+                lock_keys=emails_sql.lock_payment_emails,
             )
         except TRANSIENT_DB_ERRORS as caught:
             lost = caught if isinstance(caught, Exception) else RuntimeError(repr(caught))

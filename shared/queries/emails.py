@@ -9,11 +9,15 @@ import asyncpg
 from shared.db import Executor
 
 
-async def lock_payment_emails(conn: Executor, payment_id: str) -> None:
-    """Until the transaction ends, no other email of this payment is decided or sent, so a
-    payment's emails leave in the order they were decided (hash collisions only serialize)."""
+async def lock_payment_emails(conn: Executor, payment_ids: Sequence[str]) -> None:
+    """Until the transaction ends, no other email of these payments is decided or sent, so a
+    payment's emails leave in the order they were decided. One statement for a batch; the
+    locks are taken in the order of their keys, so batches sharing payments (or whose
+    payments' hashes collide, which only serializes them) never deadlock."""
     await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('emails:' || $1, 0))", payment_id
+        "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT"
+        " hashtextextended('emails:' || p, 0) AS k FROM unnest($1::text[]) AS p ORDER BY k) s",
+        list(payment_ids),
     )
 
 

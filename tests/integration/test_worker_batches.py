@@ -3,12 +3,16 @@ message, the failures routed alone. Real RabbitMQ, real PostgreSQL, the real ord
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
+import asyncpg
 import orjson
+import pytest
 
 from shared.config import Settings
+from shared.queries import emails as emails_sql
 from shared.topology import Topology, declare
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import depths, header, register
@@ -61,3 +65,37 @@ async def test_a_batch_commits_together_and_its_poison_messages_are_routed_alone
     assert len(retried) == 1
     assert int(header(retried[0], "attempts")) >= 1
     assert len(elsewhere) == 2
+
+
+async def test_an_email_batch_holds_its_payments_locked_until_it_ends(
+    migrated_database: str,
+) -> None:
+    """The email worker locks its batch's payments in one statement: another batch sharing a
+    payment waits for the commit, and goes on once it has."""
+    first = await asyncpg.connect(migrated_database)
+    second = await asyncpg.connect(migrated_database)
+    try:
+        async with first.transaction():
+            await emails_sql.lock_payment_emails(first, ["pay_b", "pay_a", "pay_b"])
+            async with second.transaction():
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.3):
+                        await emails_sql.lock_payment_emails(second, ["pay_c", "pay_a"])
+            waiting = asyncio.create_task(
+                _locked_in(migrated_database, ["pay_a", "pay_b", "pay_c"])
+            )
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+        await asyncio.wait_for(waiting, 5)  # the first one's commit let it through
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def _locked_in(database_url: str, payment_ids: list[str]) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            await emails_sql.lock_payment_emails(conn, payment_ids)
+    finally:
+        await conn.close()
