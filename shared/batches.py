@@ -142,13 +142,19 @@ def in_one_transaction(
             results, steps = await apply_batch(pool, deliveries, handle, sort_key)
         except Exception as e:  # nothing was applied: every message is retried
             return [e] * len(deliveries)
-        for step in steps:
-            with about_payment(step.key):
-                for action in step.then:
-                    action()
-        return [r if r is not None else RuntimeError("not handled") for r in results]
+        return committed(results, steps)
 
     return run
+
+
+def committed(results: list[Result | None], steps: list[Step]) -> list[Result]:
+    """After apply_batch's commit: each committed step's after-commit actions, and every
+    delivery's result."""
+    for step in steps:
+        with about_payment(step.key):
+            for action in step.then:
+                action()
+    return [r if r is not None else RuntimeError("not handled") for r in results]
 
 
 def one_by_one(handle: BatchHandler) -> Handler:

@@ -103,7 +103,7 @@ class OrderState:
 
     @classmethod
     def from_row(cls, row: Row) -> OrderState:
-        """From an `orders` row (shared/queries/orders.py: lock_order, claim_stale_orders)."""
+        """From an `orders` row (shared/queries/orders.py: lock_orders, claim_stale_orders)."""
         return cls(
             status=OrderStatus(row["status"]),
             amount=row["amount"],

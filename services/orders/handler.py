@@ -1,9 +1,12 @@
-"""One provider event: lock the order, decide, write state + transitions + outbox, atomically.
+"""Provider events: lock the orders, decide, write state + transitions + outbox, atomically.
 
-A batch of events is applied in one transaction (shared/batches.py), in payment id order."""
+A batch of events is applied in one transaction (shared/batches.py), in payment id order,
+with a constant number of statements besides one processed mark per event."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
@@ -11,7 +14,8 @@ import orjson
 import structlog
 
 from services.orders.outbox import OutboxRelay
-from shared.batches import BatchHandler, Delivery, Step, in_one_transaction
+from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, committed
+from shared.db import Executor
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import OrderMetrics
@@ -26,10 +30,34 @@ log = structlog.get_logger(__name__)
 WORKER = "orders"
 
 
-def make_handler(
-    pool: asyncpg.Pool[Any], relay: OutboxRelay, metrics: OrderMetrics
-) -> BatchHandler:
-    async def handle(step: Step, delivery: Delivery) -> str:
+@dataclass(frozen=True, slots=True)
+class _Writes:
+    """What one event changes, written for the whole batch at its end."""
+
+    payment_id: str
+    state: OrderState | None
+    transitions: list[orders_sql.TransitionRow]
+    outbox: list[tuple[str, str, bytes]]
+
+
+class _Batch:
+    """One attempt at a batch: its orders locked and read in one statement first, each event
+    decided against the state the batch's earlier events left, every state, transition and
+    outbox message written in one statement each at the end. Per event, one round trip
+    remains: its processed mark, the constraint that makes a redelivery a no-op."""
+
+    def __init__(self, relay: OutboxRelay, metrics: OrderMetrics) -> None:
+        self._relay = relay
+        self._metrics = metrics
+        self._rows: dict[str, asyncpg.Record] = {}
+        self._states: dict[str, OrderState] = {}
+
+    async def lock(self, conn: Executor, payment_ids: list[str]) -> None:
+        rows = await orders_sql.lock_orders(conn, payment_ids)
+        self._rows = {r["payment_id"]: r for r in rows}
+        self._states = {r["payment_id"]: OrderState.from_row(r) for r in rows}
+
+    async def handle(self, step: Step, delivery: Delivery) -> str:
         try:
             payload = orjson.loads(delivery.body)
         except orjson.JSONDecodeError:
@@ -38,10 +66,10 @@ def make_handler(
             raise InvalidEventError("body is not a JSON object")
         event = parse_event(payload)
         conn = step.conn
-        row = await orders_sql.lock_order(conn, event.payment_id)
+        row = self._rows.get(event.payment_id)
         if row is None:
             raise UnknownPaymentError(f"no order registered for payment {event.payment_id}")
-        state = OrderState.from_row(row)
+        state = self._states[event.payment_id]
         decision = decide(state, event)
         if not await processed_sql.mark_processed(
             conn, WORKER, delivery.message_id, decision.reason
@@ -51,17 +79,10 @@ def make_handler(
             await orders_sql.flag_undecided(conn, event.payment_id, decision.reason.value)
         elif event.checked_at is not None and decision.events:
             await orders_sql.clear_undecided(conn, event.payment_id, event.checked_at)
+        writes = _Writes(event.payment_id, decision.new_state, [], [])
         if decision.new_state is not None:
-            new = decision.new_state
-            await orders_sql.save_order_state(
-                conn,
-                event.payment_id,
-                new.status.value,
-                new.refunded_amount,
-                new.refunded_at,
-                sorted(new.refund_ids),
-                sorted(new.reversed_refund_ids),
-            )
+            # As saved: updated_at becomes the transaction's now().
+            self._states[event.payment_id] = replace(decision.new_state, changed_at=row["tx_now"])
         for domain_event in decision.events:
             transition = OrderTransition(
                 event=domain_event.name,
@@ -72,22 +93,22 @@ def make_handler(
                 to_status=domain_event.to_status.value,
                 source_event_id=delivery.message_id,
             )
-            await orders_sql.add_transition(
-                conn,
-                event.payment_id,
-                transition.from_status,
-                transition.to_status,
-                delivery.message_id,
+            writes.transitions.append(
+                orders_sql.TransitionRow(
+                    event.payment_id,
+                    transition.from_status,
+                    transition.to_status,
+                    delivery.message_id,
+                )
             )
-            await outbox_sql.add_to_outbox(
-                conn, transition.message_id, transition.event, transition.encode()
-            )
+            writes.outbox.append((transition.message_id, transition.event, transition.encode()))
+        step.value = writes
 
         def committed() -> None:
             if decision.reason in UNDECIDED:
-                metrics.undecided.labels(reason=decision.reason.value).inc()
+                self._metrics.undecided.labels(reason=decision.reason.value).inc()
             if event.event_type in REFUND_FAILURES:
-                metrics.refund_failures.labels(event=event.event_type).inc()
+                self._metrics.refund_failures.labels(event=event.event_type).inc()
             attention = decision.reason in UNDECIDED or event.event_type in REFUND_FAILURES
             (log.warning if attention else log.info)(
                 "order.decided",
@@ -101,12 +122,57 @@ def make_handler(
                 to_status=(decision.new_state or state).status.value,
             )
             if decision.events:
-                relay.notify()
+                self._relay.notify()
 
         step.after_commit(committed)
         return "ok"
 
-    return in_one_transaction(pool, handle, sort_key=payment_id_of)
+    async def write(self, conn: Executor, steps: list[Step]) -> dict[int, Exception]:
+        """The committed steps' writes: each order's last state, every transition and
+        outbox message in the order decided."""
+        writes = [step.value for step in steps if isinstance(step.value, _Writes)]
+        states = {w.payment_id: w.state for w in writes if w.state is not None}
+        if states:
+            await orders_sql.save_order_states(
+                conn,
+                [
+                    orders_sql.OrderStateRow(
+                        payment_id,
+                        new.status.value,
+                        new.refunded_amount,
+                        new.refunded_at,
+                        sorted(new.refund_ids),
+                        sorted(new.reversed_refund_ids),
+                    )
+                    for payment_id, new in states.items()
+                ],
+            )
+        if transitions := [t for w in writes for t in w.transitions]:
+            await orders_sql.add_transitions(conn, transitions)
+        if outbox := [m for w in writes for m in w.outbox]:
+            await outbox_sql.add_many_to_outbox(conn, outbox)
+        return {}
+
+
+def make_handler(
+    pool: asyncpg.Pool[Any], relay: OutboxRelay, metrics: OrderMetrics
+) -> BatchHandler:
+    async def run(deliveries: Sequence[Delivery]) -> list[Result]:
+        batch = _Batch(relay, metrics)
+        try:
+            results, steps = await apply_batch(
+                pool,
+                deliveries,
+                batch.handle,
+                payment_id_of,
+                before_commit=batch.write,
+                lock_keys=batch.lock,
+            )
+        except Exception as e:  # nothing was applied: every message is retried
+            return [e] * len(deliveries)
+        return committed(results, steps)
+
+    return run
 
 
 def payment_id_of(delivery: Delivery) -> str:

@@ -8,6 +8,7 @@ from datetime import datetime
 from decimal import Decimal
 
 import asyncpg
+import orjson
 
 from shared.db import Executor
 
@@ -70,44 +71,71 @@ async def register_order(conn: Executor, order: NewOrder) -> tuple[asyncpg.Recor
     return existing, False
 
 
-async def lock_order(conn: Executor, payment_id: str) -> asyncpg.Record | None:
-    """The order of a payment, row-locked until the transaction ends (one writer at a time)."""
-    return await conn.fetchrow(
-        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE payment_id = $1 FOR UPDATE", payment_id
+async def lock_orders(conn: Executor, payment_ids: Sequence[str]) -> list[asyncpg.Record]:
+    """The orders of a batch's payments, row-locked in payment id order until the transaction
+    ends (batches sharing orders wait for each other, never deadlock); each row also carries
+    the transaction's `now()` as `tx_now` (what `updated_at` becomes when it is saved)."""
+    return await conn.fetch(
+        f"SELECT {_ORDER_COLUMNS}, now() AS tx_now FROM orders"
+        " WHERE payment_id = ANY($1::text[]) ORDER BY payment_id FOR UPDATE",
+        list(payment_ids),
     )
 
 
-async def save_order_state(
-    conn: Executor,
-    payment_id: str,
-    status: str,
-    refunded_amount: Decimal,
-    refunded_at: datetime | None,
-    refund_ids: Sequence[str],
-    reversed_refund_ids: Sequence[str],
-) -> None:
+@dataclass(frozen=True, slots=True)
+class OrderStateRow:
+    """What the state machine keeps of an order, as saved."""
+
+    payment_id: str
+    status: str
+    refunded_amount: Decimal
+    refunded_at: datetime | None
+    refund_ids: Sequence[str]
+    reversed_refund_ids: Sequence[str]
+
+
+async def save_order_states(conn: Executor, states: Sequence[OrderStateRow]) -> None:
+    """Save orders' states in one statement (one row per payment)."""
     await conn.execute(
-        "UPDATE orders SET status = $2, refunded_amount = $3, refunded_at = $4,"
-        " refund_ids = $5, reversed_refund_ids = $6, updated_at = now() WHERE payment_id = $1",
-        payment_id,
-        status,
-        refunded_amount,
-        refunded_at,
-        list(refund_ids),
-        list(reversed_refund_ids),
+        "UPDATE orders o SET status = t.status, refunded_amount = t.refunded_amount,"
+        " refunded_at = t.refunded_at,"
+        " refund_ids = ARRAY(SELECT jsonb_array_elements_text(t.refund_ids::jsonb)),"
+        " reversed_refund_ids ="
+        " ARRAY(SELECT jsonb_array_elements_text(t.reversed_refund_ids::jsonb)),"
+        " updated_at = now()"
+        " FROM unnest($1::text[], $2::text[], $3::numeric[], $4::timestamptz[], $5::text[],"
+        " $6::text[]) AS t(payment_id, status, refunded_amount, refunded_at, refund_ids,"
+        " reversed_refund_ids)"
+        " WHERE o.payment_id = t.payment_id",
+        [s.payment_id for s in states],
+        [s.status for s in states],
+        [s.refunded_amount for s in states],
+        [s.refunded_at for s in states],
+        # A text[] per row can't ride in one array: each as the text of a JSON array.
+        [orjson.dumps(list(s.refund_ids)).decode() for s in states],
+        [orjson.dumps(list(s.reversed_refund_ids)).decode() for s in states],
     )
 
 
-async def add_transition(
-    conn: Executor, payment_id: str, from_status: str, to_status: str, event_id: str
-) -> None:
+@dataclass(frozen=True, slots=True)
+class TransitionRow:
+    payment_id: str
+    from_status: str
+    to_status: str
+    event_id: str
+
+
+async def add_transitions(conn: Executor, transitions: Sequence[TransitionRow]) -> None:
+    """Record transitions in one statement, in the order given (their ids follow it)."""
     await conn.execute(
         "INSERT INTO order_transitions (payment_id, from_status, to_status, event_id)"
-        " VALUES ($1, $2, $3, $4)",
-        payment_id,
-        from_status,
-        to_status,
-        event_id,
+        " SELECT t.payment_id, t.from_status, t.to_status, t.event_id"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY"
+        " AS t(payment_id, from_status, to_status, event_id, n) ORDER BY t.n",
+        [t.payment_id for t in transitions],
+        [t.from_status for t in transitions],
+        [t.to_status for t in transitions],
+        [t.event_id for t in transitions],
     )
 
 

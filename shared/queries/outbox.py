@@ -16,13 +16,18 @@ class OutboxMessage:
     body: bytes
 
 
-async def add_to_outbox(conn: Executor, message_id: str, routing_key: str, body: bytes) -> None:
+async def add_many_to_outbox(conn: Executor, messages: Sequence[tuple[str, str, bytes]]) -> None:
+    """Transitions' (message id, routing key, body) in one statement, in the order given
+    (the relay publishes by id); a message id already there is left as it is."""
     await conn.execute(
-        "INSERT INTO outbox (message_id, routing_key, body) VALUES ($1, $2, $3)"
+        "INSERT INTO outbox (message_id, routing_key, body)"
+        " SELECT t.message_id, t.routing_key, t.body"
+        " FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY"
+        " AS t(message_id, routing_key, body, n) ORDER BY t.n"
         " ON CONFLICT (message_id) DO NOTHING",
-        message_id,
-        routing_key,
-        body,
+        [m[0] for m in messages],
+        [m[1] for m in messages],
+        [m[2] for m in messages],
     )
 
 

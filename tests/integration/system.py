@@ -153,7 +153,9 @@ async def register(
         ),
     )
     if status != "PENDING":
-        await orders_sql.save_order_state(db, payment_id, status, Decimal(0), None, [], [])
+        await orders_sql.save_order_states(
+            db, [orders_sql.OrderStateRow(payment_id, status, Decimal(0), None, [], [])]
+        )
 
 
 async def post(client: TestClient, payload: dict[str, Any], event_id: str | None = None) -> Any:

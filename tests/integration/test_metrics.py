@@ -303,7 +303,7 @@ async def test_api_gauges_show_queue_depths_dlq_age_and_backlogs(
             work["bonuses"].name,
             mandatory=True,
         )
-    await outbox_sql.add_to_outbox(db, new_id("evt") + ":order.paid", "order.paid", b"{}")
+    await outbox_sql.add_many_to_outbox(db, [(new_id("evt") + ":order.paid", "order.paid", b"{}")])
 
     def reflects(samples: Samples) -> bool:
         return (

@@ -90,7 +90,9 @@ def message(payment_id: str, n: int, from_status: str, to_status: str) -> Delive
 
 
 async def commit(db: Any, payment_id: str, n: int, from_status: str, to_status: str) -> None:
-    await orders_sql.add_transition(db, payment_id, from_status, to_status, f"ev{n}_{payment_id}")
+    await orders_sql.add_transitions(
+        db, [orders_sql.TransitionRow(payment_id, from_status, to_status, f"ev{n}_{payment_id}")]
+    )
     await db.execute("UPDATE orders SET status = $2 WHERE payment_id = $1", payment_id, to_status)
 
 

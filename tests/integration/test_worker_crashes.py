@@ -140,7 +140,9 @@ async def paid_transition(db: Any, payment_id: str) -> OrderTransition:
         to_status="PAID",
         source_event_id=f"evt_{uuid.uuid4().hex}",
     )
-    await orders_sql.add_transition(db, payment_id, "PENDING", "PAID", transition.source_event_id)
+    await orders_sql.add_transitions(
+        db, [orders_sql.TransitionRow(payment_id, "PENDING", "PAID", transition.source_event_id)]
+    )
     return transition
 
 
