@@ -54,9 +54,9 @@ StepHandler = Callable[[Step, Delivery], Awaitable[str]]
 # Work of a handler's own between the batch's messages and its commit (the email worker's
 # sends): the steps it failed, by their index in the batch.
 BeforeCommit = Callable[[Executor, list[Step]], Awaitable[dict[int, Exception]]]
-# Locks a handler takes for the whole batch, first thing in its transaction, in one
-# statement: given the batch's distinct keys (payment ids).
-LockKeys = Callable[[Executor, list[str]], Awaitable[None]]
+# What a handler does for the whole batch first thing in its transaction, in one statement:
+# lock or read the rows of the batch's distinct keys (payment ids).
+StartBatch = Callable[[Executor, list[str]], Awaitable[None]]
 
 
 class _WithoutIt(Exception):
@@ -73,15 +73,16 @@ async def apply_batch(
     handle: StepHandler,
     sort_key: Callable[[Delivery], str],
     before_commit: BeforeCommit | None = None,
-    lock_keys: LockKeys | None = None,
+    start: StartBatch | None = None,
 ) -> tuple[list[Result | None], list[Step]]:
     """Apply the batch in one transaction (see above) and commit: the outcome or exception of
-    each delivery and the steps committed. `lock_keys` runs first in the transaction;
+    each delivery and the steps committed. `start` runs first in the transaction (again on
+    the second attempt);
     `before_commit` runs last and answers the steps it failed (they leave the committed
     ones). Raises what failed the database (connection, commit, deadlock): then nothing was
     applied. The savepoints cost two round trips per message, paid only by a batch that had
     a failure."""
-    hooks = (before_commit, lock_keys)
+    hooks = (before_commit, start)
     try:
         return await _attempt(pool, deliveries, handle, sort_key, hooks, without=None)
     except _WithoutIt as failed:  # rare: again, a savepoint per message this time
@@ -93,7 +94,7 @@ async def _attempt(
     deliveries: Sequence[Delivery],
     handle: StepHandler,
     sort_key: Callable[[Delivery], str],
-    hooks: tuple[BeforeCommit | None, LockKeys | None],
+    hooks: tuple[BeforeCommit | None, StartBatch | None],
     without: _WithoutIt | None,
 ) -> tuple[list[Result | None], list[Step]]:
     """All or nothing (`without` None: _WithoutIt at the first message that fails), or all
@@ -101,10 +102,10 @@ async def _attempt(
     results: list[Result | None] = [None] * len(deliveries)
     steps: list[Step] = []
     keys = [_key(sort_key, d) for d in deliveries]
-    before_commit, lock_keys = hooks
+    before_commit, start = hooks
     async with pool.acquire() as conn, conn.transaction():
-        if lock_keys is not None:
-            await lock_keys(conn, sorted({key for key in keys if key}))
+        if start is not None:
+            await start(conn, sorted({key for key in keys if key}))
         for i in sorted(range(len(deliveries)), key=keys.__getitem__):
             step = Step(i, conn, key=keys[i])
             try:

@@ -5,15 +5,14 @@ transition: reordered, repeated or concurrent messages add each entry once, with
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import asyncpg
 import structlog
 
-from shared.batches import BatchHandler, Delivery, Result, Step, in_one_transaction, keys_of
+from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, committed, keys_of
 from shared.bonus_rules import SIGN, EntryKind, Transition, entries_for
-from shared.db import TRANSIENT_DB_ERRORS
+from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics
@@ -26,61 +25,103 @@ log = structlog.get_logger(__name__)
 WORKER = "bonuses"
 
 
-def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) -> BatchHandler:
-    async def handle(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
-        """`orders`: the batch's, read before its transaction (their user ids never change)."""
+class _Batch:
+    """One attempt at a batch: the transitions of its payments read in one statement first,
+    each message's entries due from its payment's history, every entry written in one
+    statement at the end. Per message, one round trip remains: its processed mark."""
+
+    def __init__(self, orders: dict[str, asyncpg.Record], points: int, metrics: BonusMetrics):
+        self._orders = orders  # read before the transaction (their user ids never change)
+        self._points = points
+        self._metrics = metrics
+        self._history: dict[str, list[Transition]] = {}
+        # Of the entries written, which step logs and counts each (the first that was due it).
+        self._added_by: dict[int, int] = {}
+
+    async def read(self, conn: Executor, payment_ids: list[str]) -> None:
+        history = await orders_sql.transitions_for_payments(conn, payment_ids)
+        self._history = {
+            payment_id: [Transition(r["id"], r["to_status"], r["event_id"]) for r in rows]
+            for payment_id, rows in history.items()
+        }
+        self._added_by = {}
+
+    async def handle(self, step: Step, delivery: Delivery) -> str:
         payment_id = OrderTransition.decode(delivery.body).payment_id
-        conn = step.conn
-        order = orders.get(payment_id)
+        order = self._orders.get(payment_id)
         if order is None:
             raise UnknownPaymentError(f"no order for payment {payment_id}")
-        if not await processed_sql.mark_processed(conn, WORKER, delivery.message_id, "ok"):
+        if not await processed_sql.mark_processed(step.conn, WORKER, delivery.message_id, "ok"):
             return "skipped_duplicate"
-        history = [
-            Transition(r["id"], r["to_status"], r["event_id"])
-            for r in await orders_sql.transitions_for_payment(conn, payment_id)
-        ]
-        due = entries_for(history)
-        added = set(
-            await ledger_sql.add_ledger_entries(
-                conn,
-                payment_id,
-                order["user_id"],
-                [
-                    (e.transition.id, e.kind.value, SIGN[e.kind] * points, e.transition.event_id)
-                    for e in due
-                ],
+        due = [
+            (
+                ledger_sql.LedgerEntry(
+                    payment_id,
+                    order["user_id"],
+                    e.transition.id,
+                    e.kind.value,
+                    SIGN[e.kind] * self._points,
+                    e.transition.event_id,
+                ),
+                e.transition.to_status,
             )
-        )
+            for e in entries_for(self._history.get(payment_id, []))
+        ]
+        step.value = [entry for entry, _ in due]
 
         def committed() -> None:
-            for entry in due:
-                if entry.transition.id not in added:
+            for entry, to_status in due:
+                if self._added_by.get(entry.transition_id) != step.index:
                     continue
-                signed = SIGN[entry.kind] * points
-                metrics.entries.labels(kind=entry.kind.value).inc()
-                if entry.kind is EntryKind.GRANT:
-                    metrics.points_granted.inc(signed)
+                self._metrics.entries.labels(kind=entry.kind).inc()
+                if entry.kind == EntryKind.GRANT.value:
+                    self._metrics.points_granted.inc(entry.points)
                 log.info(
                     "bonus.entry_added",
                     message_id=delivery.message_id,
                     payment_id=payment_id,
-                    user_id=order["user_id"],
-                    kind=entry.kind.value,
-                    points=signed,
-                    transition_id=entry.transition.id,
-                    to_status=entry.transition.to_status,
+                    user_id=entry.user_id,
+                    kind=entry.kind,
+                    points=entry.points,
+                    transition_id=entry.transition_id,
+                    to_status=to_status,
                 )
 
         step.after_commit(committed)
         return "ok"
 
+    async def write(self, conn: Executor, steps: list[Step]) -> dict[int, Exception]:
+        """The committed steps' entries, each transition's once (several messages of one
+        payment replay the same history)."""
+        entries: dict[int, tuple[int, ledger_sql.LedgerEntry]] = {}
+        for step in steps:
+            for entry in step.value or ():
+                entries.setdefault(entry.transition_id, (step.index, entry))
+        if entries:
+            added = await ledger_sql.add_ledger_entries(conn, [e for _, e in entries.values()])
+            self._added_by = {t: entries[t][0] for t in added}
+        return {}
+
+
+def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) -> BatchHandler:
     async def run(deliveries: Sequence[Delivery]) -> list[Result]:
         try:
             orders = await orders_sql.orders_for_payments(pool, keys_of(deliveries, payment_id_of))
         except TRANSIENT_DB_ERRORS as e:
             return [e if isinstance(e, Exception) else RuntimeError(repr(e))] * len(deliveries)
-        return await in_one_transaction(pool, partial(handle, orders), payment_id_of)(deliveries)
+        batch = _Batch(orders, points, metrics)
+        try:
+            results, steps = await apply_batch(
+                pool,
+                deliveries,
+                batch.handle,
+                payment_id_of,
+                before_commit=batch.write,
+                start=batch.read,
+            )
+        except Exception as e:  # nothing was applied: every message is retried
+            return [e] * len(deliveries)
+        return committed(results, steps)
 
     return run
 

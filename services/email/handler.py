@@ -122,7 +122,7 @@ def make_handler(
                 partial(decide, orders),
                 _payment_id,
                 before_commit=send,
-                lock_keys=emails_sql.lock_payment_emails,
+                start=emails_sql.lock_payment_emails,
             )
         except TRANSIENT_DB_ERRORS as caught:
             lost = caught if isinstance(caught, Exception) else RuntimeError(repr(caught))

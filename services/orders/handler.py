@@ -166,7 +166,7 @@ def make_handler(
                 batch.handle,
                 payment_id_of,
                 before_commit=batch.write,
-                lock_keys=batch.lock,
+                start=batch.lock,
             )
         except Exception as e:  # nothing was applied: every message is retried
             return [e] * len(deliveries)

@@ -3,32 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import asyncpg
 
 from shared.db import Executor
 
 
-async def add_ledger_entries(
-    conn: Executor,
-    payment_id: str,
-    user_id: str,
-    entries: Sequence[tuple[int, str, int, str]],
-) -> list[int]:
-    """Insert (transition id, kind, points, event id) entries; return the transition ids of
-    those added. An entry already there for its transition (or a second grant) is skipped."""
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    payment_id: str
+    user_id: str
+    transition_id: int
+    kind: str
+    points: int
+    event_id: str
+
+
+async def add_ledger_entries(conn: Executor, entries: Sequence[LedgerEntry]) -> list[int]:
+    """Insert entries (any payments') in one statement, in the order given; return the
+    transition ids of those added. An entry already there for its transition (or a second
+    grant) is skipped."""
     rows = await conn.fetch(
         "INSERT INTO bonus_ledger (payment_id, user_id, transition_id, kind, points, event_id)"
-        " SELECT $1, $2, e.transition_id, e.kind, e.points, e.event_id"
-        " FROM unnest($3::bigint[], $4::text[], $5::int[], $6::text[])"
-        " AS e(transition_id, kind, points, event_id)"
+        " SELECT e.payment_id, e.user_id, e.transition_id, e.kind, e.points, e.event_id"
+        " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::text[])"
+        " WITH ORDINALITY AS e(payment_id, user_id, transition_id, kind, points, event_id, n)"
+        " ORDER BY e.n"
         " ON CONFLICT DO NOTHING RETURNING transition_id",
-        payment_id,
-        user_id,
-        [e[0] for e in entries],
-        [e[1] for e in entries],
-        [e[2] for e in entries],
-        [e[3] for e in entries],
+        [e.payment_id for e in entries],
+        [e.user_id for e in entries],
+        [e.transition_id for e in entries],
+        [e.kind for e in entries],
+        [e.points for e in entries],
+        [e.event_id for e in entries],
     )
     return [r["transition_id"] for r in rows]
 

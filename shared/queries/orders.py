@@ -198,6 +198,21 @@ async def order_by_id(conn: Executor, order_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order_id)
 
 
+async def transitions_for_payments(
+    conn: Executor, payment_ids: Sequence[str]
+) -> dict[str, list[asyncpg.Record]]:
+    """Each payment's transitions, oldest first, in one statement."""
+    rows = await conn.fetch(
+        "SELECT payment_id, id, from_status, to_status, event_id, at FROM order_transitions"
+        " WHERE payment_id = ANY($1::text[]) ORDER BY id",
+        list(payment_ids),
+    )
+    history: dict[str, list[asyncpg.Record]] = {p: [] for p in payment_ids}
+    for row in rows:
+        history[row["payment_id"]].append(row)
+    return history
+
+
 async def transitions_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
         "SELECT id, from_status, to_status, event_id, at FROM order_transitions"
