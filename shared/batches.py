@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import structlog
@@ -143,12 +143,40 @@ def in_one_transaction(
             results, steps = await apply_batch(pool, deliveries, handle, sort_key)
         except Exception as e:  # nothing was applied: every message is retried
             return [e] * len(deliveries)
-        return committed(results, steps)
+        return _committed(results, steps)
 
     return run
 
 
-def committed(results: list[Result | None], steps: list[Step]) -> list[Result]:
+class SetBatch(Protocol):
+    """A handler that reads and writes a batch's rows together: `start` first in the batch's
+    transaction (lock or read the rows of its keys), `handle` each message, `write` what the
+    committed messages decided just before the commit. Made afresh for each batch."""
+
+    async def start(self, conn: Executor, keys: list[str]) -> None: ...
+
+    async def handle(self, step: Step, delivery: Delivery) -> str: ...
+
+    async def write(self, conn: Executor, steps: list[Step]) -> dict[int, Exception]: ...
+
+
+async def apply_set_batch(
+    pool: asyncpg.Pool[Any],
+    deliveries: Sequence[Delivery],
+    batch: SetBatch,
+    sort_key: Callable[[Delivery], str],
+) -> list[Result]:
+    """in_one_transaction for a SetBatch."""
+    try:
+        results, steps = await apply_batch(
+            pool, deliveries, batch.handle, sort_key, before_commit=batch.write, start=batch.start
+        )
+    except Exception as e:  # nothing was applied: every message is retried
+        return [e] * len(deliveries)
+    return _committed(results, steps)
+
+
+def _committed(results: list[Result | None], steps: list[Step]) -> list[Result]:
     """After apply_batch's commit: each committed step's after-commit actions, and every
     delivery's result."""
     for step in steps:

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, committed, keys_of
+from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch, keys_of
 from shared.bonus_rules import SIGN, EntryKind, Transition, entries_for
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
@@ -38,7 +38,7 @@ class _Batch:
         # Of the entries written, which step logs and counts each (the first that was due it).
         self._added_by: dict[int, int] = {}
 
-    async def read(self, conn: Executor, payment_ids: list[str]) -> None:
+    async def start(self, conn: Executor, payment_ids: list[str]) -> None:
         history = await orders_sql.transitions_for_payments(conn, payment_ids)
         self._history = {
             payment_id: [Transition(r["id"], r["to_status"], r["event_id"]) for r in rows]
@@ -109,19 +109,9 @@ def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) ->
             orders = await orders_sql.orders_for_payments(pool, keys_of(deliveries, payment_id_of))
         except TRANSIENT_DB_ERRORS as e:
             return [e if isinstance(e, Exception) else RuntimeError(repr(e))] * len(deliveries)
-        batch = _Batch(orders, points, metrics)
-        try:
-            results, steps = await apply_batch(
-                pool,
-                deliveries,
-                batch.handle,
-                payment_id_of,
-                before_commit=batch.write,
-                start=batch.read,
-            )
-        except Exception as e:  # nothing was applied: every message is retried
-            return [e] * len(deliveries)
-        return committed(results, steps)
+        return await apply_set_batch(
+            pool, deliveries, _Batch(orders, points, metrics), payment_id_of
+        )
 
     return run
 

@@ -14,7 +14,7 @@ import orjson
 import structlog
 
 from services.orders.outbox import OutboxRelay
-from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, committed
+from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch
 from shared.db import Executor
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
@@ -52,7 +52,7 @@ class _Batch:
         self._rows: dict[str, asyncpg.Record] = {}
         self._states: dict[str, OrderState] = {}
 
-    async def lock(self, conn: Executor, payment_ids: list[str]) -> None:
+    async def start(self, conn: Executor, payment_ids: list[str]) -> None:
         rows = await orders_sql.lock_orders(conn, payment_ids)
         self._rows = {r["payment_id"]: r for r in rows}
         self._states = {r["payment_id"]: OrderState.from_row(r) for r in rows}
@@ -158,19 +158,7 @@ def make_handler(
     pool: asyncpg.Pool[Any], relay: OutboxRelay, metrics: OrderMetrics
 ) -> BatchHandler:
     async def run(deliveries: Sequence[Delivery]) -> list[Result]:
-        batch = _Batch(relay, metrics)
-        try:
-            results, steps = await apply_batch(
-                pool,
-                deliveries,
-                batch.handle,
-                payment_id_of,
-                before_commit=batch.write,
-                start=batch.lock,
-            )
-        except Exception as e:  # nothing was applied: every message is retried
-            return [e] * len(deliveries)
-        return committed(results, steps)
+        return await apply_set_batch(pool, deliveries, _Batch(relay, metrics), payment_id_of)
 
     return run
 
