@@ -76,12 +76,11 @@ async def apply_batch(
     start: StartBatch | None = None,
 ) -> tuple[list[Result | None], list[Step]]:
     """Apply the batch in one transaction (see above) and commit: the outcome or exception of
-    each delivery and the steps committed. `start` runs first in the transaction (again on
-    the second attempt);
-    `before_commit` runs last and answers the steps it failed (they leave the committed
-    ones). Raises what failed the database (connection, commit, deadlock): then nothing was
-    applied. The savepoints cost two round trips per message, paid only by a batch that had
-    a failure."""
+    each delivery and the steps committed. `start` runs first in the transaction (in each
+    attempt); `before_commit` runs last and answers the steps it failed (they leave the
+    committed ones). Raises what failed the database (connection, commit, deadlock): then
+    nothing was applied. The savepoints cost two round trips per message, paid only by a
+    batch that had a failure."""
     hooks = (before_commit, start)
     try:
         return await _attempt(pool, deliveries, handle, sort_key, hooks, without=None)

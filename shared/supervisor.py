@@ -9,6 +9,7 @@ answers for all (counters and histograms summed; `process_*` left out, being per
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,24 +38,31 @@ def supervise(name: str, processes: int) -> int:
     with tempfile.TemporaryDirectory(prefix=f"payhooks-{name}-metrics-") as metrics_dir:
         env = dict(os.environ, **{SUPERVISOR_ENV: str(os.getpid()), METRICS_DIR_ENV: metrics_dir})
         command = [sys.executable, *sys.orig_argv[1:]]
+        # Children not yet reaped, by pid. Only the loop below reaps (os.wait), so a pid here
+        # is never one the system gave to another process meanwhile.
         children: dict[int, subprocess.Popen[bytes]] = {}
         stopping = False
 
-        def stop(signum: int, _: types.FrameType | None = None) -> None:
+        def stop(signum: int = signal.SIGTERM, _: types.FrameType | None = None) -> None:
             nonlocal stopping
             if stopping:  # each child is asked once: a second signal would cut its shutdown
                 return
             stopping = True
-            for child in children.values():
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
+                    os.kill(pid, signal.SIGTERM)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, stop)
         # Their own session: a terminal's Ctrl-C reaches the supervisor, which asks each once.
         for _ in range(processes):
+            if stopping:  # asked to stop while starting them
+                break
             child = subprocess.Popen(command, env=env, start_new_session=True)
             children[child.pid] = child
+        if stopping:
+            stopping = False
+            stop()
         log.info("service.processes_started", service=name, pids=sorted(children))
         code = 0
         while children:
@@ -62,12 +70,11 @@ def supervise(name: str, processes: int) -> int:
             if pid not in children:
                 continue
             child = children.pop(pid)
-            exit_code = os.waitstatus_to_exitcode(status)
-            child.returncode = exit_code
+            exit_code = child.returncode = os.waitstatus_to_exitcode(status)
             if not stopping:
                 log.error("service.process_exited", service=name, pid=pid, exit_code=exit_code)
                 code = exit_code or 1
-                stop(signal.SIGTERM)
+                stop()
             elif exit_code not in (0, -signal.SIGTERM):
                 code = code or exit_code
         return code if code >= 0 else 1
