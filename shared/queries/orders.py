@@ -214,11 +214,7 @@ async def transitions_for_payments(
 
 
 async def transitions_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        "SELECT id, from_status, to_status, event_id, at FROM order_transitions"
-        " WHERE payment_id = $1 ORDER BY id",
-        payment_id,
-    )
+    return (await transitions_for_payments(conn, [payment_id]))[payment_id]
 
 
 # Due: never asked and unchanged for `after` seconds, or past the next_check_at the last claim

@@ -67,6 +67,48 @@ async def test_a_batch_commits_together_and_its_poison_messages_are_routed_alone
     assert len(elsewhere) == 2
 
 
+async def test_events_of_one_order_in_one_batch_each_see_the_state_the_previous_left(
+    settings: Settings, topology: Topology, amqp: Any, db: Any
+) -> None:
+    """The orders worker reads a batch's orders once and writes them once: paid, settled and
+    refunded for one payment in one batch (with a copy of the first) move the order through
+    each state in turn, one transition and one outbox message per move, in arrival order."""
+    await declare(amqp, topology)
+    work = topology.work["orders"]
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    await register(db, payment_id)
+    events = [
+        (f"evt_{status}_{payment_id}", orjson.dumps(payment_event(payment_id, status)))
+        for status in ("paid", "settled", "refunded")
+    ]
+    for event_id, body in [*events, events[0]]:
+        await publish(amqp, work.name, body, event_id)
+
+    async with orders_worker(settings, topology, amqp, batch_size=20, batchers=1, linger_s=0.2):
+        await eventually(
+            lambda: db.fetchval("SELECT count(*) FROM processed_events WHERE worker = 'orders'"),
+            lambda n: n == len(events),
+        )
+        await eventually(lambda: depths(amqp, [work.name]), lambda d: d == {work.name: 0})
+
+    assert (
+        await db.fetchval("SELECT status FROM orders WHERE payment_id = $1", payment_id)
+        == "REFUNDED"
+    )
+    transitions = await db.fetch(
+        "SELECT from_status, to_status, event_id FROM order_transitions ORDER BY id"
+    )
+    assert [tuple(t) for t in transitions] == [
+        ("PENDING", "PAID", events[0][0]),
+        ("PAID", "SETTLED", events[1][0]),
+        ("SETTLED", "REFUNDED", events[2][0]),
+    ]
+    outbox = await db.fetch("SELECT routing_key FROM outbox ORDER BY id")
+    assert [r["routing_key"] for r in outbox] == ["order.paid", "order.settled", "order.refunded"]
+    retried = [m for q in (work.dlq, *work.retry_queues) for m in await drain(amqp, q)]
+    assert retried == []  # the copy was a duplicate, not a failure
+
+
 async def test_an_email_batch_holds_its_payments_locked_until_it_ends(
     migrated_database: str,
 ) -> None:
