@@ -88,16 +88,33 @@ async def _held(
 
 async def _take(connection: aiormq.abc.AbstractConnection, name: str) -> None:
     while True:
-        attempt = await connection.channel(publisher_confirms=False)
+        # Each try runs to its end even when the wait runs out meanwhile: a cancellation
+        # between channel.open and its open-ok makes aiormq give the channel number out
+        # again while RabbitMQ still has it open, and RabbitMQ then closes the whole
+        # connection ("second 'channel.open' seen"; seen once in a CI run). A try is short,
+        # and one that took the lock after all is dropped by the caller's release.
+        attempt = asyncio.ensure_future(_try_take(connection, name))
         try:
-            await attempt.queue_declare(name, exclusive=True, auto_delete=True)
-            return  # the queue belongs to the connection; the channel can go
-        except aiormq.exceptions.ChannelLockedResource:
-            pass  # another connection holds it (and RabbitMQ closed this channel)
-        finally:
-            if not attempt.is_closed:
-                await attempt.close()
+            taken = await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await attempt
+            raise
+        if taken:
+            return
         await asyncio.sleep(random.uniform(*_LOCK_RETRY_S))
+
+
+async def _try_take(connection: aiormq.abc.AbstractConnection, name: str) -> bool:
+    attempt = await connection.channel(publisher_confirms=False)
+    try:
+        await attempt.queue_declare(name, exclusive=True, auto_delete=True)
+        return True  # the queue belongs to the connection; the channel can go
+    except aiormq.exceptions.ChannelLockedResource:
+        return False  # another connection holds it (and RabbitMQ closed this channel)
+    finally:
+        if not attempt.is_closed:
+            await attempt.close()
 
 
 async def _release(
