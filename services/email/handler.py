@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from email.message import Message
 from functools import partial
 from typing import Any
 
@@ -16,7 +15,7 @@ import structlog
 
 from services.email.sender import Sender
 from services.email.template_files import EmailTemplate
-from services.email.templates import TEMPLATE_FOR_EVENT, message_id, render
+from services.email.templates import TEMPLATE_FOR_EVENT, OutgoingEmail, message_id, render
 from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, keys_of
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
@@ -45,7 +44,7 @@ class _Email:
     index: int  # of its delivery in the batch
     template: str
     record: tuple[str, str, str, str, str]  # payment id, template, Message-ID, to, event id
-    message: Message
+    message: OutgoingEmail
 
 
 def make_handler(

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from email.message import Message
 from typing import Protocol
 
 import aiosmtplib
 
+from services.email.templates import OutgoingEmail
 from shared.config import Settings
 from shared.config_values import SMTP_TLS_MODES
 from shared.errors import TransientError
@@ -19,7 +19,7 @@ SMTP_TIMEOUT_S = 10.0
 
 
 class Sender(Protocol):
-    async def send(self, message: Message) -> None: ...
+    async def send(self, email: OutgoingEmail) -> None: ...
 
 
 class SmtpUnavailableError(TransientError):
@@ -83,18 +83,25 @@ class SmtpSender:
             ca_file=settings.smtp_ca_file,
         )
 
-    async def send(self, message: Message) -> None:
+    async def send(self, email: OutgoingEmail) -> None:
+        """One SMTP transaction: MAIL FROM, RCPT TO, DATA with the email's bytes as they are
+        (sendmail, not send_message, which would flatten a message object again)."""
+        options = ["SMTPUTF8"] if email.needs_smtputf8 else []
         client = await self._idle.get()
         try:
             try:
                 if not client.is_connected:
                     await client.connect()  # and STARTTLS, login: once per connection
-                await client.send_message(message)
+                await client.sendmail(
+                    email.mail_from, [email.rcpt_to], email.data, mail_options=options
+                )
             except aiosmtplib.SMTPServerDisconnected:
                 # The server closed a connection that sat idle: one fresh attempt.
                 client.close()
                 await client.connect()
-                await client.send_message(message)
+                await client.sendmail(
+                    email.mail_from, [email.rcpt_to], email.data, mail_options=options
+                )
         except aiosmtplib.SMTPAuthenticationError as e:
             with contextlib.suppress(Exception):
                 client.close()

@@ -25,7 +25,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from services.email.app import create_app as email_app
 from services.email.sender import SmtpLoginError, SmtpSender, SmtpUnavailableError
 from services.email.template_files import default_templates, load_templates
-from services.email.templates import render
+from services.email.templates import OutgoingEmail, render
 from shared.config import ConfigError, Settings
 from shared.console import EXIT_USAGE
 from shared.errors import PermanentError, TransientError
@@ -125,7 +125,7 @@ def provider(sink: ProviderSink, server_tls: ssl.SSLContext, *, implicit: bool) 
         controller.stop()
 
 
-def message(payment_id: str) -> Message:
+def message(payment_id: str) -> OutgoingEmail:
     return render(
         SUCCEEDED_EMAIL,
         payment_id=payment_id,

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 from email import message_from_bytes
-from email.errors import HeaderParseError
 from email.header import decode_header, make_header
 from email.message import Message
 
 import pytest
 
 from services.email.template_files import EmailTemplate, default_templates, parse_template
-from services.email.templates import message_id, render
+from services.email.templates import UnwritableHeaderError, message_id, render
+from shared.errors import PermanentError
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_message_id_without_a_domain_falls_back_to_a_local_one() -> None:
 
 
 def test_rendered_email_carries_the_message_id_once() -> None:
-    msg = render(
+    email = render(
         "payment_succeeded",
         payment_id="pay_1",
         order_id="ord_1",
@@ -46,7 +46,10 @@ def test_rendered_email_carries_the_message_id_once() -> None:
         recipient="buyer@example.com",
         sender="Shop <payments@shop.example>",
     )
+    msg = message_from_bytes(email.data)
     assert msg.get_all("Message-ID") == ["<payment_succeeded.pay_1@shop.example>"]
+    assert email.message_id == "<payment_succeeded.pay_1@shop.example>"
+    assert (email.mail_from, email.rcpt_to) == ("payments@shop.example", "buyer@example.com")
 
 
 def test_the_boundary_is_ours_and_no_body_line_can_hold_it() -> None:
@@ -93,7 +96,9 @@ def rendered(templates: dict[str, EmailTemplate] | None = None, **values: str) -
         "recipient": "buyer@example.com",
         "sender": "payments@shop.example",
     }
-    return render("payment_succeeded", **(fields | values), templates=templates)
+    return message_from_bytes(
+        render("payment_succeeded", **(fields | values), templates=templates).data
+    )
 
 
 def parts(msg: Message) -> tuple[str, str]:
@@ -132,12 +137,21 @@ def texts(template: EmailTemplate) -> tuple[str, str, str]:
     return template.subject.template, template.text.template, template.html.template
 
 
-def test_a_line_break_in_a_value_cannot_add_a_header() -> None:
-    msg = rendered(order_id="ord_1\r\nBcc: everyone@example.com")
-
-    # compat32 refuses to write the header: the message never goes out with a Bcc.
-    with pytest.raises(HeaderParseError):
-        msg.as_bytes()
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"order_id": "ord_1\r\nBcc: everyone@example.com"},
+        {"order_id": "ord_1\nBcc: everyone@example.com"},
+        {"recipient": "buyer@example.com\r\nBcc: everyone@example.com"},
+        {"recipient": "büyer@example.com\nBcc: everyone@example.com"},
+        {"payment_id": "pay_1\rBcc: everyone@example.com"},
+    ],
+)
+def test_a_line_break_in_a_value_cannot_add_a_header(values: dict[str, str]) -> None:
+    """Refused before anything is sent, for good (a PermanentError: straight to the DLQ)."""
+    with pytest.raises(UnwritableHeaderError) as refused:
+        rendered(None, **values)
+    assert isinstance(refused.value, PermanentError)
 
 
 def test_windows_line_ends_and_surrounding_blank_lines_do_not_matter() -> None:
@@ -164,3 +178,67 @@ def test_windows_line_ends_and_surrounding_blank_lines_do_not_matter() -> None:
 def test_a_malformed_template_says_what_is_wrong(source: str, why: str) -> None:
     with pytest.raises(ValueError, match=re.escape(why)):
         parse_template(source)
+
+
+# --- the bytes on the wire: what a mail reader parses back --------------------------------------
+
+
+def test_the_bytes_are_crlf_lines_short_enough_for_any_server() -> None:
+    long_subject = "Subject: " + "Payment received for order $order_id " * 4
+    shop = {"payment_succeeded": parse_template(f"{long_subject}\n\nbody\n--- html ---\n<p/>\n")}
+    email = render(
+        "payment_succeeded",
+        payment_id="pay_1",
+        order_id="ord_1",
+        amount="1.00",
+        currency="EUR",
+        recipient="buyer@example.com",
+        sender="payments@shop.example",
+        templates=shop,
+    )
+
+    assert email.data.endswith(b"--\r\n")
+    lines = email.data.split(b"\r\n")
+    assert all(b"\n" not in line and b"\r" not in line for line in lines)
+    assert max(len(line) for line in lines) <= 78
+    subject = message_from_bytes(email.data)["Subject"]
+    assert " ".join(subject.split()) == ("Payment received for order ord_1 " * 4).strip()
+
+
+def test_a_display_name_in_another_script_is_encoded_and_the_address_stays_plain() -> None:
+    email = render(
+        "payment_succeeded",
+        payment_id="pay_1",
+        order_id="ord_1",
+        amount="1.00",
+        currency="EUR",
+        recipient="Jürgen Müller <buyer@example.com>",
+        sender="Магазин <payments@shop.example>",
+    )
+    msg = message_from_bytes(email.data)
+
+    assert email.data.isascii()
+    assert not email.needs_smtputf8
+    assert (email.mail_from, email.rcpt_to) == ("payments@shop.example", "buyer@example.com")
+    for name, display, address in [
+        ("From", "Магазин", "payments@shop.example"),
+        ("To", "Jürgen Müller", "buyer@example.com"),
+    ]:
+        assert msg[name].endswith(f"<{address}>")
+        assert str(make_header(decode_header(msg[name]))) == f"{display} <{address}>"
+
+
+def test_an_address_in_another_script_asks_the_server_for_smtputf8() -> None:
+    email = render(
+        "payment_refunded",
+        payment_id="pay_1",
+        order_id="ord_1",
+        amount="1.00",
+        currency="EUR",
+        recipient="käufer@beispiel.de",
+        sender="payments@shop.example",
+    )
+
+    assert email.needs_smtputf8
+    assert email.rcpt_to == "käufer@beispiel.de"
+    assert "To: käufer@beispiel.de\r\n".encode() in email.data  # RFC 6532: as it is
