@@ -1,11 +1,13 @@
 """How a worker's handler takes a batch: one transaction in a fixed order (no deadlock between
 batches), again with a savepoint per message after a failure, the failed one routed alone;
-a failure of the database itself fails the whole batch (nothing applied, all retried)."""
+a failure of the database itself fails the whole batch (nothing applied, all retried). The
+batch's processed marks (the idempotency key) are read in one statement first and written in
+one statement last."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -13,6 +15,7 @@ import asyncpg
 import structlog
 
 from shared.db import TRANSIENT_DB_ERRORS, Executor
+from shared.queries import processed as processed_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,8 @@ class Step:
     value: Any = None
     # The message's sort key: its payment id in every worker ("" where the body has none).
     key: str = ""
+    # What its processed mark records (the orders worker: the decision's reason).
+    outcome: str = "ok"
 
     def after_commit(self, action: Callable[[], None]) -> None:
         self.then.append(action)
@@ -52,11 +57,21 @@ class Step:
 
 StepHandler = Callable[[Step, Delivery], Awaitable[str]]
 # Work of a handler's own between the batch's messages and its commit (the email worker's
-# sends): the steps it failed, by their index in the batch.
-BeforeCommit = Callable[[Executor, list[Step]], Awaitable[dict[int, Exception]]]
+# claims and sends): by their index in the batch, the steps whose result it changed, an
+# exception failing one (it leaves the committed steps), a string its new outcome.
+BeforeCommit = Callable[[Executor, list[Step]], Awaitable[Mapping[int, Result]]]
 # What a handler does for the whole batch first thing in its transaction, in one statement:
 # lock or read the rows of the batch's distinct keys (payment ids).
 StartBatch = Callable[[Executor, list[str]], Awaitable[None]]
+
+
+# How many times a batch is applied again after a copy of one of its events, handled by
+# another batch meanwhile, committed first (its mark then skips it).
+_RACES = 3
+
+
+class _Raced(Exception):
+    """A copy of one of the batch's events committed its mark first: apply it again."""
 
 
 class _WithoutIt(Exception):
@@ -74,18 +89,30 @@ async def apply_batch(
     sort_key: Callable[[Delivery], str],
     before_commit: BeforeCommit | None = None,
     start: StartBatch | None = None,
+    marks: str | None = None,
 ) -> tuple[list[Result | None], list[Step]]:
     """Apply the batch in one transaction (see above) and commit: the outcome or exception of
     each delivery and the steps committed. `start` runs first in the transaction (in each
     attempt); `before_commit` runs last and answers the steps it failed (they leave the
-    committed ones). Raises what failed the database (connection, commit, deadlock): then
-    nothing was applied. The savepoints cost two round trips per message, paid only by a
-    batch that had a failure."""
-    hooks = (before_commit, start)
-    try:
-        return await _attempt(pool, deliveries, handle, sort_key, hooks, without=None)
-    except _WithoutIt as failed:  # rare: again, a savepoint per message this time
-        return await _attempt(pool, deliveries, handle, sort_key, hooks, without=failed)
+    committed ones) or whose outcome it changed. Raises what failed the database
+    (connection, commit, deadlock): then nothing was applied. The savepoints cost two round
+    trips per message, paid only by a batch that had a failure.
+
+    `marks`: the worker whose processed marks make a redelivery a no-op. An event it has
+    handled (or an earlier copy in this batch) is `skipped_duplicate` without reaching
+    `handle`; the others' marks are written with their effects, before `before_commit`. A
+    copy handled concurrently that commits its mark first leaves this batch's insert of the
+    mark without a row: the batch is rolled back and applied again, and skips it then."""
+    hooks = (before_commit, start, marks)
+    for _ in range(_RACES):
+        try:
+            try:
+                return await _attempt(pool, deliveries, handle, sort_key, hooks, without=None)
+            except _WithoutIt as failed:  # rare: again, a savepoint per message this time
+                return await _attempt(pool, deliveries, handle, sort_key, hooks, without=failed)
+        except _Raced:
+            continue
+    raise RuntimeError(f"copies of this batch's events committed first {_RACES} times running")
 
 
 async def _attempt(
@@ -93,7 +120,7 @@ async def _attempt(
     deliveries: Sequence[Delivery],
     handle: StepHandler,
     sort_key: Callable[[Delivery], str],
-    hooks: tuple[BeforeCommit | None, StartBatch | None],
+    hooks: tuple[BeforeCommit | None, StartBatch | None, str | None],
     without: _WithoutIt | None,
 ) -> tuple[list[Result | None], list[Step]]:
     """All or nothing (`without` None: _WithoutIt at the first message that fails), or all
@@ -101,11 +128,20 @@ async def _attempt(
     results: list[Result | None] = [None] * len(deliveries)
     steps: list[Step] = []
     keys = [_key(sort_key, d) for d in deliveries]
-    before_commit, start = hooks
+    before_commit, start, marks = hooks
     async with pool.acquire() as conn, conn.transaction():
         if start is not None:
             await start(conn, sorted({key for key in keys if key}))
+        # Read after start's locks: a copy that held them has committed its mark by now.
+        handled = (
+            await processed_sql.processed_of(conn, marks, [d.message_id for d in deliveries])
+            if marks is not None
+            else set()
+        )
         for i in sorted(range(len(deliveries)), key=keys.__getitem__):
+            if marks is not None and deliveries[i].message_id in handled:
+                results[i] = "skipped_duplicate"
+                continue
             step = Step(i, conn, key=keys[i])
             try:
                 if without is None:
@@ -126,20 +162,30 @@ async def _attempt(
                 results[i] = e
                 continue
             steps.append(step)
+            handled.add(deliveries[i].message_id)  # a later copy in the batch is a duplicate
+        if marks is not None and steps:
+            marked = await processed_sql.mark_all_processed(
+                conn, marks, [(deliveries[s.index].message_id, s.outcome) for s in steps]
+            )
+            if len(marked) < len(steps):
+                raise _Raced
         if before_commit is not None:
-            failed = await before_commit(conn, steps)
-            for i, error in failed.items():
-                results[i] = error
-            steps = [step for step in steps if step.index not in failed]
+            changed = await before_commit(conn, steps)
+            for i, result in changed.items():
+                results[i] = result
+            steps = [step for step in steps if not isinstance(results[step.index], Exception)]
     return results, steps
 
 
 def in_one_transaction(
-    pool: asyncpg.Pool[Any], handle: StepHandler, sort_key: Callable[[Delivery], str]
+    pool: asyncpg.Pool[Any],
+    handle: StepHandler,
+    sort_key: Callable[[Delivery], str],
+    marks: str | None = None,
 ) -> BatchHandler:
     async def run(deliveries: Sequence[Delivery]) -> list[Result]:
         try:
-            results, steps = await apply_batch(pool, deliveries, handle, sort_key)
+            results, steps = await apply_batch(pool, deliveries, handle, sort_key, marks=marks)
         except Exception as e:  # nothing was applied: every message is retried
             return [e] * len(deliveries)
         return _committed(results, steps)
@@ -156,7 +202,7 @@ class SetBatch(Protocol):
 
     async def handle(self, step: Step, delivery: Delivery) -> str: ...
 
-    async def write(self, conn: Executor, steps: list[Step]) -> dict[int, Exception]: ...
+    async def write(self, conn: Executor, steps: list[Step]) -> Mapping[int, Result]: ...
 
 
 async def apply_set_batch(
@@ -164,11 +210,18 @@ async def apply_set_batch(
     deliveries: Sequence[Delivery],
     batch: SetBatch,
     sort_key: Callable[[Delivery], str],
+    marks: str | None = None,
 ) -> list[Result]:
     """in_one_transaction for a SetBatch."""
     try:
         results, steps = await apply_batch(
-            pool, deliveries, batch.handle, sort_key, before_commit=batch.write, start=batch.start
+            pool,
+            deliveries,
+            batch.handle,
+            sort_key,
+            before_commit=batch.write,
+            start=batch.start,
+            marks=marks,
         )
     except Exception as e:  # nothing was applied: every message is retried
         return [e] * len(deliveries)

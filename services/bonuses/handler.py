@@ -18,7 +18,6 @@ from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics
 from shared.queries import ledger as ledger_sql
 from shared.queries import orders as orders_sql
-from shared.queries import processed as processed_sql
 
 log = structlog.get_logger(__name__)
 
@@ -28,7 +27,7 @@ WORKER = "bonuses"
 class _Batch:
     """One attempt at a batch: the transitions of its payments read in one statement first,
     each message's entries due from its payment's history, every entry written in one
-    statement at the end. Per message, one round trip remains: its processed mark."""
+    statement at the end (and every processed mark, by apply_batch)."""
 
     def __init__(self, orders: dict[str, asyncpg.Record], points: int, metrics: BonusMetrics):
         self._orders = orders  # read before the transaction (their user ids never change)
@@ -51,8 +50,6 @@ class _Batch:
         order = self._orders.get(payment_id)
         if order is None:
             raise UnknownPaymentError(f"no order for payment {payment_id}")
-        if not await processed_sql.mark_processed(step.conn, WORKER, delivery.message_id, "ok"):
-            return "skipped_duplicate"
         due = [
             (
                 ledger_sql.LedgerEntry(
@@ -110,7 +107,7 @@ def make_handler(pool: asyncpg.Pool[Any], points: int, metrics: BonusMetrics) ->
         except TRANSIENT_DB_ERRORS as e:
             return [e if isinstance(e, Exception) else RuntimeError(repr(e))] * len(deliveries)
         return await apply_set_batch(
-            pool, deliveries, _Batch(orders, points, metrics), payment_id_of
+            pool, deliveries, _Batch(orders, points, metrics), payment_id_of, marks=WORKER
         )
 
     return run

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
@@ -38,13 +37,21 @@ _SKIPPED_AFTER_REFUND = "skipped_after_refund"
 
 
 @dataclass(frozen=True, slots=True)
-class _Email:
-    """An email decided and claimed in the batch transaction, to be sent before its commit."""
+class _Claim:
+    """An email a message asks for: claimed with the batch's others just before its commit."""
 
     index: int  # of its delivery in the batch
-    template: str
-    record: tuple[str, str, str, str, str]  # payment id, template, Message-ID, to, event id
-    message: OutgoingEmail
+    claim: emails_sql.EmailClaim
+    order: asyncpg.Record
+
+
+@dataclass(frozen=True, slots=True)
+class _Email:
+    """An email claimed in the batch transaction, to be sent before its commit."""
+
+    index: int
+    claim: emails_sql.EmailClaim
+    email: OutgoingEmail
 
 
 def make_handler(
@@ -54,21 +61,21 @@ def make_handler(
     metrics: EmailMetrics,
     templates: Mapping[str, EmailTemplate] | None = None,
 ) -> BatchHandler:
-    """A batch's emails are decided in one transaction (its payments locked first, in one
-    statement; then each message in payment id order), then sent (a payment's emails one
-    after the other in the order decided, different payments concurrently), then committed
-    together; the record of an email whose send failed is taken back before the commit.
+    """A batch's emails are decided in one transaction: its payments locked first, in one
+    statement; each message's email found in payment id order; all of them claimed (or
+    recorded skipped) in one statement. Then the claimed ones are sent (a payment's emails
+    one after the other in the order decided, different payments concurrently) and
+    committed together; the record of an email whose send failed is taken back before the
+    commit.
 
     The commit follows the SMTP server's acceptance. If PostgreSQL goes away between the two,
     the record is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
     database outage does not resend. A crash of the process in that window is the one case
     that resends, with the same deterministic Message-ID, which mail systems dedup."""
 
-    async def decide(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
-        """Claim the email (or record it skipped) under the payment's lock (taken for the
-        batch before its first message); an email to send is left on the step. `orders`:
-        the batch's, read before its transaction."""
-        conn = step.conn
+    def decide(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
+        """The email the message asks for, left on the step; `orders`: the batch's, read
+        before its transaction."""
         transition = OrderTransition.decode(delivery.body)
         template = TEMPLATE_FOR_EVENT.get(transition.event)
         if template is None:
@@ -77,40 +84,44 @@ def make_handler(
         order = orders.get(payment_id)
         if order is None:
             raise UnknownPaymentError(f"no order for payment {payment_id}")
-        mid = message_id(template, payment_id, email_from)
-        record = (payment_id, template, mid, order["email"], delivery.message_id)
-        to_send = await emails_sql.claim_email(
-            conn, *record, skip_if_recorded=REFUNDED_EMAIL if template == SUCCEEDED_EMAIL else None
-        )
-        if to_send is None:
-            return "skipped_duplicate"
-        if not to_send:
-            return _SKIPPED_AFTER_REFUND
-        message = render(
+        claim = emails_sql.EmailClaim(
+            payment_id,
             template,
-            payment_id=payment_id,
-            order_id=order["order_id"],
-            amount=str(order["amount"]),
-            currency=order["currency"],
-            recipient=order["email"],
-            sender=email_from,
-            templates=templates,
+            message_id(template, payment_id, email_from),
+            order["email"],
+            delivery.message_id,
+            skip_if_recorded=REFUNDED_EMAIL if template == SUCCEEDED_EMAIL else None,
         )
-        step.value = _Email(step.index, template, record, message)
+        step.value = _Claim(step.index, claim, order)
         return "ok"
 
     async def handle(deliveries: Sequence[Delivery]) -> list[Result]:
         delivered: list[_Email] = []  # accepted by the SMTP server
 
-        async def send(conn: Executor, claimed: list[Step]) -> dict[int, Exception]:
-            emails = [step.value for step in claimed if step.value is not None]
+        async def claim_and_send(conn: Executor, steps: list[Step]) -> dict[int, Result]:
+            claims = [step.value for step in steps if isinstance(step.value, _Claim)]
+            answers = await emails_sql.claim_emails(conn, [c.claim for c in claims])
+            changed: dict[int, Result] = {}
+            emails: list[_Email] = []
+            for c, answer in zip(claims, answers, strict=True):
+                if answer is None:
+                    changed[c.index] = "skipped_duplicate"
+                elif not answer:
+                    changed[c.index] = _SKIPPED_AFTER_REFUND
+                else:
+                    try:
+                        emails.append(_Email(c.index, c.claim, _render(c, email_from, templates)))
+                    except Exception as e:  # a header it can't write: for good
+                        changed[c.index] = e
             failed = await _send_all(sender, emails)
+            changed.update(failed)
             delivered[:] = [m for m in emails if m.index not in failed]
-            if failed:
-                await emails_sql.forget_emails(
-                    conn, [m.record[:2] for m in emails if m.index in failed]
-                )
-            return failed
+            if unsent := [c.claim for c in claims if isinstance(changed.get(c.index), Exception)]:
+                await emails_sql.forget_emails(conn, [(c.payment_id, c.template) for c in unsent])
+            return changed
+
+        async def decide_step(step: Step, delivery: Delivery) -> str:
+            return decide(orders, step, delivery)
 
         results: list[Result | None]
         try:
@@ -118,9 +129,9 @@ def make_handler(
             results, _ = await apply_batch(
                 pool,
                 deliveries,
-                partial(decide, orders),
+                decide_step,
                 _payment_id,
-                before_commit=send,
+                before_commit=claim_and_send,
                 start=emails_sql.lock_payment_emails,
             )
         except TRANSIENT_DB_ERRORS as caught:
@@ -133,7 +144,7 @@ def make_handler(
                 )
             for email in delivered:
                 try:
-                    await _record_after_send(pool, *email.record)
+                    await _record_after_send(pool, email.claim)
                 except Exception as again:
                     results[email.index] = again
                 else:
@@ -145,11 +156,29 @@ def make_handler(
                 results[i] = "ok"
         for email in delivered:
             if results[email.index] == "ok":
-                metrics.emails_sent.labels(template=email.template).inc()
-                log.info("email.sent", payment_id=email.record[0], template=email.template)
+                metrics.emails_sent.labels(template=email.claim.template).inc()
+                log.info(
+                    "email.sent", payment_id=email.claim.payment_id, template=email.claim.template
+                )
         return [r if r is not None else RuntimeError("not handled") for r in results]
 
     return handle
+
+
+def _render(
+    c: _Claim, email_from: str, templates: Mapping[str, EmailTemplate] | None
+) -> OutgoingEmail:
+    order = c.order
+    return render(
+        c.claim.template,
+        payment_id=c.claim.payment_id,
+        order_id=order["order_id"],
+        amount=str(order["amount"]),
+        currency=order["currency"],
+        recipient=c.claim.recipient,
+        sender=email_from,
+        templates=templates,
+    )
 
 
 def _payment_id(delivery: Delivery) -> str:
@@ -162,13 +191,13 @@ async def _send_all(sender: Sender, emails: list[_Email]) -> dict[int, Exception
     arrive before it); payments concurrently. The failed and unsent ones, by index."""
     by_payment: dict[str, list[_Email]] = {}
     for email in emails:
-        by_payment.setdefault(email.record[0], []).append(email)
+        by_payment.setdefault(email.claim.payment_id, []).append(email)
     failed: dict[int, Exception] = {}
 
     async def send_in_order(queue: list[_Email]) -> None:
         for n, email in enumerate(queue):
             try:
-                await sender.send(email.message)
+                await sender.send(email.email)
             except Exception as e:
                 for later in queue[n:]:
                     failed[later.index] = e
@@ -178,14 +207,7 @@ async def _send_all(sender: Sender, emails: list[_Email]) -> dict[int, Exception
     return failed
 
 
-async def _record_after_send(
-    pool: asyncpg.Pool[Any],
-    payment_id: str,
-    template: str,
-    mid: str,
-    recipient: str,
-    event_id: str,
-) -> None:
+async def _record_after_send(pool: asyncpg.Pool[Any], claim: emails_sql.EmailClaim) -> None:
     """Write the record of an email already sent, retrying while PostgreSQL is away; raise
     (the message is redelivered and sent again) if it is still away after RECORD_AFTER_SEND_S.
     A row there already (another copy's) is just as good."""
@@ -195,9 +217,7 @@ async def _record_after_send(
     while True:
         try:
             async with asyncio.timeout(_RECORD_ATTEMPT_S), pool.acquire() as conn:
-                await emails_sql.claim_email(
-                    conn, payment_id, template, mid, recipient, event_id, skip_if_recorded=None
-                )
+                await emails_sql.claim_email(conn, replace(claim, skip_if_recorded=None))
             return
         except TRANSIENT_DB_ERRORS:
             if loop.time() >= deadline:

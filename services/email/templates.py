@@ -4,6 +4,7 @@ deterministic Message-ID."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html
 from collections.abc import Mapping
@@ -27,11 +28,19 @@ TEMPLATE_FOR_EVENT = {
 
 def message_id(template: str, payment_id: str, email_from: str) -> str:
     """Deterministic: a resend after a crash carries the same id, so receivers dedup it."""
-    # EMAIL_FROM may carry a display name ("Shop <payments@shop.example>"): the address's.
-    address = parseaddr(email_from)[1]
-    _, at, domain = address.rpartition("@")
-    domain = (domain.strip() if at else "") or "payhooks.localhost"
-    return f"<{template}.{payment_id}@{domain}>"
+    return f"<{template}.{payment_id}@{_domain_of(email_from)}>"
+
+
+@functools.cache
+def _address_of(email_from: str) -> str:
+    """EMAIL_FROM may carry a display name ("Shop <payments@shop.example>"): its address."""
+    return parseaddr(email_from)[1]
+
+
+@functools.cache
+def _domain_of(email_from: str) -> str:
+    _, at, domain = _address_of(email_from).rpartition("@")
+    return (domain.strip() if at else "") or "payhooks.localhost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +115,7 @@ def render(
         ]
     lines.append(f"--{boundary}--{_CRLF}")
     return OutgoingEmail(
-        mid, parseaddr(sender)[1], parseaddr(recipient)[1], _CRLF.join(lines).encode()
+        mid, _address_of(sender), parseaddr(recipient)[1], _CRLF.join(lines).encode()
     )
 
 

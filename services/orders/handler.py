@@ -1,7 +1,7 @@
 """Provider events: lock the orders, decide, write state + transitions + outbox, atomically.
 
 A batch of events is applied in one transaction (shared/batches.py), in payment id order,
-with a constant number of statements besides one processed mark per event."""
+with a constant number of statements, processed marks included."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from shared.metrics import OrderMetrics
 from shared.order_machine import REFUND_FAILURES, UNDECIDED, OrderState, decide
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
-from shared.queries import processed as processed_sql
 from shared.xhub.events import InvalidEventError, parse_event
 
 log = structlog.get_logger(__name__)
@@ -43,8 +42,8 @@ class _Writes:
 class _Batch:
     """One attempt at a batch: its orders locked and read in one statement first, each event
     decided against the state the batch's earlier events left, every state, transition and
-    outbox message written in one statement each at the end. Per event, one round trip
-    remains: its processed mark, the constraint that makes a redelivery a no-op."""
+    outbox message written in one statement each at the end (and every processed mark, the
+    constraint that makes a redelivery a no-op, by apply_batch)."""
 
     def __init__(self, relay: OutboxRelay, metrics: OrderMetrics) -> None:
         self._relay = relay
@@ -71,10 +70,7 @@ class _Batch:
             raise UnknownPaymentError(f"no order registered for payment {event.payment_id}")
         state = self._states[event.payment_id]
         decision = decide(state, event)
-        if not await processed_sql.mark_processed(
-            conn, WORKER, delivery.message_id, decision.reason
-        ):
-            return "skipped_duplicate"
+        step.outcome = decision.reason
         if decision.reason in UNDECIDED:  # the reconciler asks the provider at once (D11)
             await orders_sql.flag_undecided(conn, event.payment_id, decision.reason.value)
         elif event.checked_at is not None and decision.events:
@@ -158,7 +154,9 @@ def make_handler(
     pool: asyncpg.Pool[Any], relay: OutboxRelay, metrics: OrderMetrics
 ) -> BatchHandler:
     async def run(deliveries: Sequence[Delivery]) -> list[Result]:
-        return await apply_set_batch(pool, deliveries, _Batch(relay, metrics), payment_id_of)
+        return await apply_set_batch(
+            pool, deliveries, _Batch(relay, metrics), payment_id_of, marks=WORKER
+        )
 
     return run
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -21,38 +22,70 @@ async def lock_payment_emails(conn: Executor, payment_ids: Sequence[str]) -> Non
     )
 
 
-async def claim_email(
-    conn: Executor,
-    payment_id: str,
-    template: str,
-    message_id: str,
-    recipient: str,
-    event_id: str,
-    *,
-    skip_if_recorded: str | None,
-) -> bool | None:
-    """Claim the (payment, template) send, or record it as skipped when the payment already
-    has a `skip_if_recorded` email (the success email after the refund one). True: claimed,
-    to be sent; False: recorded as skipped; None: already sent, skipped, or being sent (a
-    concurrent claim of the same key waits on the unique index until this transaction ends).
-    Run under the payment's lock: the statement's snapshot then sees the lock holder's row,
-    and sent_at, the time of the claim, orders a payment's emails as they were sent."""
-    skipped = await conn.fetchval(
+@dataclass(frozen=True, slots=True)
+class EmailClaim:
+    """One email to claim: its record, and the template whose record skips it instead (the
+    refund email's, for the success email) or None."""
+
+    payment_id: str
+    template: str
+    message_id: str
+    recipient: str
+    event_id: str
+    skip_if_recorded: str | None
+
+
+async def claim_emails(conn: Executor, claims: Sequence[EmailClaim]) -> list[bool | None]:
+    """Claim each (payment, template) send, or record it as skipped when the payment already
+    has its `skip_if_recorded` email; in one statement, answering as claiming them one after
+    the other in this order would. True: claimed, to be sent; False: recorded as skipped;
+    None: already sent, skipped, or being sent (a concurrent claim of the same key waits on
+    the unique index until this transaction ends), or claimed earlier in this list.
+
+    Run under the payments' locks: the statement's snapshot then sees the lock holders' rows.
+    sent_at, the time of the claim (a microsecond apart at least within the statement),
+    orders a payment's emails as they were sent."""
+    answers: list[bool | None] = [None] * len(claims)
+    keys: set[tuple[str, str]] = set()
+    rows: list[tuple[int, EmailClaim, bool]] = []  # index, claim, skipped by an earlier one
+    for i, claim in enumerate(claims):
+        key = (claim.payment_id, claim.template)
+        if key not in keys:
+            keys.add(key)
+            skip = claim.skip_if_recorded
+            rows.append((i, claim, skip is not None and (claim.payment_id, skip) in keys))
+    if not rows:
+        return answers
+    records = await conn.fetch(
         "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id,"
         " skipped, sent_at)"
-        " SELECT $1, $2, $3, $4, $5, s.skipped, CASE WHEN s.skipped THEN NULL"
-        " ELSE clock_timestamp() END"
-        " FROM (SELECT EXISTS (SELECT 1 FROM emails_sent WHERE payment_id = $1"
-        "   AND template = $6) AS skipped) s"
-        " ON CONFLICT DO NOTHING RETURNING skipped",
-        payment_id,
-        template,
-        message_id,
-        recipient,
-        event_id,
-        skip_if_recorded,
+        " SELECT c.p, c.t, c.m, c.r, c.e, c.skipped, CASE WHEN c.skipped THEN NULL"
+        " ELSE clock_timestamp() + c.n * interval '1 microsecond' END"
+        " FROM (SELECT u.*, u.b OR (u.s IS NOT NULL AND EXISTS (SELECT 1 FROM emails_sent x"
+        "   WHERE x.payment_id = u.p AND x.template = u.s)) AS skipped"
+        "   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],"
+        "   $6::text[], $7::bool[]) WITH ORDINALITY AS u(p, t, m, r, e, s, b, n)) c"
+        " ORDER BY c.n"
+        " ON CONFLICT DO NOTHING RETURNING payment_id, template, skipped",
+        [c.payment_id for _, c, _ in rows],
+        [c.template for _, c, _ in rows],
+        [c.message_id for _, c, _ in rows],
+        [c.recipient for _, c, _ in rows],
+        [c.event_id for _, c, _ in rows],
+        [c.skip_if_recorded for _, c, _ in rows],
+        [skipped for _, _, skipped in rows],
     )
-    return None if skipped is None else not skipped
+    claimed = {(r["payment_id"], r["template"]): r["skipped"] for r in records}
+    for i, claim, _ in rows:
+        skipped = claimed.get((claim.payment_id, claim.template))
+        answers[i] = None if skipped is None else not skipped
+    return answers
+
+
+async def claim_email(conn: Executor, claim: EmailClaim) -> bool | None:
+    """claim_emails of one."""
+    [answer] = await claim_emails(conn, [claim])
+    return answer
 
 
 async def forget_emails(conn: Executor, keys: Sequence[tuple[str, ...]]) -> None:

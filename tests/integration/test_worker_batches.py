@@ -11,6 +11,7 @@ import asyncpg
 import orjson
 import pytest
 
+from shared.batches import Delivery, Step, apply_batch
 from shared.config import Settings
 from shared.queries import emails as emails_sql
 from shared.topology import Topology, declare
@@ -141,3 +142,108 @@ async def _locked_in(database_url: str, payment_ids: list[str]) -> None:
             await emails_sql.lock_payment_emails(conn, payment_ids)
     finally:
         await conn.close()
+
+
+async def test_a_batch_whose_event_a_concurrent_copy_commits_first_is_applied_again_without_it(
+    settings: Settings, db: Any
+) -> None:
+    """The processed marks are read first and written last: a copy of one event handled by
+    another batch meanwhile (here: a connection holding its uncommitted mark) makes this
+    batch's insert of the mark wait, then find the row. The batch is rolled back and applied
+    again: the copy is a duplicate now, and the other event's effect is written once."""
+    worker = "race_test"
+    copied, other = f"evt_1_{uuid.uuid4().hex}", f"evt_2_{uuid.uuid4().hex}"  # in this order
+    await db.execute("CREATE TABLE IF NOT EXISTS race_effects (event_id text NOT NULL)")
+    await db.execute("TRUNCATE race_effects")
+    calls: list[str] = []
+
+    async def handle(step: Step, delivery: Delivery) -> str:
+        calls.append(delivery.message_id)
+        await step.conn.execute("INSERT INTO race_effects VALUES ($1)", delivery.message_id)
+        return "ok"
+
+    deliveries = [Delivery(event_id, "order.paid", b"{}", 0) for event_id in (copied, other)]
+    holder: asyncpg.Connection[Any] = await asyncpg.connect(settings.database_url)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute(
+            "INSERT INTO processed_events (worker, event_id, outcome) VALUES ($1, $2, 'ok')",
+            worker,
+            copied,
+        )
+        batch = asyncio.create_task(
+            apply_batch(pool, deliveries, handle, lambda d: d.message_id, marks=worker)
+        )
+        await eventually(lambda: _waiting_on_a_lock(db), bool)
+        assert not batch.done()
+        await held.commit()  # the other copy's effect and mark are in
+        results, steps = await asyncio.wait_for(batch, 10)
+    finally:
+        await pool.close()
+        await holder.close()
+
+    assert results == ["skipped_duplicate", "ok"]
+    assert [s.index for s in steps] == [1]
+    assert calls == [copied, other, other]  # the second attempt skipped the copy
+    assert await db.fetch("SELECT event_id FROM race_effects") == [(other,)]
+    marks = await db.fetch(
+        "SELECT event_id FROM processed_events WHERE worker = $1 ORDER BY event_id", worker
+    )
+    assert [r["event_id"] for r in marks] == sorted([copied, other])
+    await db.execute("DROP TABLE race_effects")
+
+
+async def _waiting_on_a_lock(db: Any) -> bool:
+    waiting = await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    return bool(waiting)
+
+
+async def test_emails_claimed_in_one_statement_answer_as_claimed_one_after_the_other(
+    db: Any,
+) -> None:
+    """claim_emails: an earlier claim of the same key makes a duplicate, an earlier refund
+    email (in the list or recorded before) makes the success email a skipped record, and a
+    payment's emails claimed together are stamped in the order given."""
+
+    def claim(payment_id: str, template: str, event_id: str) -> emails_sql.EmailClaim:
+        skip = "payment_refunded" if template == "payment_succeeded" else None
+        mid = f"<{template}.{payment_id}@example.test>"
+        return emails_sql.EmailClaim(
+            payment_id, template, mid, "buyer@example.test", event_id, skip_if_recorded=skip
+        )
+
+    async with db.transaction():
+        assert await emails_sql.claim_email(db, claim("p3", "payment_refunded", "e0")) is True
+        answers = await emails_sql.claim_emails(
+            db,
+            [
+                claim("p1", "payment_succeeded", "e1"),  # sent
+                claim("p1", "payment_refunded", "e2"),  # sent, after it
+                claim("p1", "payment_succeeded", "e3"),  # a copy of e1
+                claim("p2", "payment_refunded", "e4"),  # sent
+                claim("p2", "payment_succeeded", "e5"),  # overtaken by e4 in this list
+                claim("p3", "payment_succeeded", "e6"),  # overtaken by e0, recorded before
+                claim("p3", "payment_refunded", "e7"),  # a copy of e0
+            ],
+        )
+    assert answers == [True, True, None, True, False, False, None]
+    rows = await db.fetch(
+        "SELECT payment_id, template, event_id, skipped FROM emails_sent"
+        " ORDER BY payment_id, sent_at NULLS LAST"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("p1", "payment_succeeded", "e1", False),
+        ("p1", "payment_refunded", "e2", False),
+        ("p2", "payment_refunded", "e4", False),
+        ("p2", "payment_succeeded", "e5", True),
+        ("p3", "payment_refunded", "e0", False),
+        ("p3", "payment_succeeded", "e6", True),
+    ]
+    assert await emails_sql.templates_sent(db, ["p1"]) == {
+        "p1": ["payment_succeeded", "payment_refunded"]
+    }
