@@ -41,12 +41,15 @@ class SmtpSender:
         password: str | None = None,
         tls: str = "none",
         ca_file: str | None = None,
-        connections: int = 4,
+        connections: int = 8,
         timeout_s: float = SMTP_TIMEOUT_S,
     ) -> None:
         """`tls`: none (plain), starttls (upgrade on connect, required) or implicit (TLS from
         the first byte); the server's certificate is always verified, against `ca_file`'s
-        CAs too when given."""
+        CAs too when given. `connections`: each opened at its first send, then kept; each email
+        waits four round trips (aiosmtplib does not pipeline), so the worker's two batches of
+        up to 32 go out over eight (bench.workers: 480-536 payments/s against 384-462 with
+        four, the email worker the last stage)."""
         if tls not in SMTP_TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(SMTP_TLS_MODES)}")
         if password is not None and tls == "none":
