@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias, TypeVar
 
@@ -45,6 +45,14 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InsufficientResourcesError,
     asyncpg.OperatorInterventionError,
 )
+
+
+def columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """The rows' values column by column, one list each: what `unnest($1::t[], $2::u[], ...)`
+    takes to write many rows in one statement."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 async def init_connection(conn: asyncpg.Connection[Any]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -217,7 +217,7 @@ async def _record_after_send(pool: asyncpg.Pool[Any], claim: emails_sql.EmailCla
     while True:
         try:
             async with asyncio.timeout(_RECORD_ATTEMPT_S), pool.acquire() as conn:
-                await emails_sql.claim_email(conn, replace(claim, skip_if_recorded=None))
+                await emails_sql.claim_email(conn, claim._replace(skip_if_recorded=None))
             return
         except TRANSIENT_DB_ERRORS:
             if loop.time() >= deadline:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import asyncpg
 
-from shared.db import Executor
+from shared.db import Executor, columns
 
 
 async def lock_payment_emails(conn: Executor, payment_ids: Sequence[str]) -> None:
@@ -22,8 +22,7 @@ async def lock_payment_emails(conn: Executor, payment_ids: Sequence[str]) -> Non
     )
 
 
-@dataclass(frozen=True, slots=True)
-class EmailClaim:
+class EmailClaim(NamedTuple):
     """One email to claim: its record, and the template whose record skips it instead (the
     refund email's, for the success email) or None."""
 
@@ -67,13 +66,7 @@ async def claim_emails(conn: Executor, claims: Sequence[EmailClaim]) -> list[boo
         "   $6::text[], $7::bool[]) WITH ORDINALITY AS u(p, t, m, r, e, s, b, n)) c"
         " ORDER BY c.n"
         " ON CONFLICT DO NOTHING RETURNING payment_id, template, skipped",
-        [c.payment_id for _, c, _ in rows],
-        [c.template for _, c, _ in rows],
-        [c.message_id for _, c, _ in rows],
-        [c.recipient for _, c, _ in rows],
-        [c.event_id for _, c, _ in rows],
-        [c.skip_if_recorded for _, c, _ in rows],
-        [skipped for _, _, skipped in rows],
+        *columns([(*claim, skipped) for _, claim, skipped in rows], 7),
     )
     claimed = {(r["payment_id"], r["template"]): r["skipped"] for r in records}
     for i, claim, _ in rows:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import asyncpg
 
-from shared.db import Executor
+from shared.db import Executor, columns
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
+class LedgerEntry(NamedTuple):
     payment_id: str
     user_id: str
     transition_id: int
@@ -31,12 +30,7 @@ async def add_ledger_entries(conn: Executor, entries: Sequence[LedgerEntry]) -> 
         " WITH ORDINALITY AS e(payment_id, user_id, transition_id, kind, points, event_id, n)"
         " ORDER BY e.n"
         " ON CONFLICT DO NOTHING RETURNING transition_id",
-        [e.payment_id for e in entries],
-        [e.user_id for e in entries],
-        [e.transition_id for e in entries],
-        [e.kind for e in entries],
-        [e.points for e in entries],
-        [e.event_id for e in entries],
+        *columns(entries, 6),
     )
     return [r["transition_id"] for r in rows]
 

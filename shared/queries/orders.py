@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import NamedTuple
 
 import asyncpg
 import orjson
 
-from shared.db import Executor
+from shared.db import Executor, columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +118,7 @@ async def save_order_states(conn: Executor, states: Sequence[OrderStateRow]) -> 
     )
 
 
-@dataclass(frozen=True, slots=True)
-class TransitionRow:
+class TransitionRow(NamedTuple):
     payment_id: str
     from_status: str
     to_status: str
@@ -132,10 +132,7 @@ async def add_transitions(conn: Executor, transitions: Sequence[TransitionRow]) 
         " SELECT t.payment_id, t.from_status, t.to_status, t.event_id"
         " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY"
         " AS t(payment_id, from_status, to_status, event_id, n) ORDER BY t.n",
-        [t.payment_id for t in transitions],
-        [t.from_status for t in transitions],
-        [t.to_status for t in transitions],
-        [t.event_id for t in transitions],
+        *columns(transitions, 4),
     )
 
 

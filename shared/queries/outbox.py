@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.db import Executor
+from shared.db import Executor, columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +25,7 @@ async def add_many_to_outbox(conn: Executor, messages: Sequence[tuple[str, str, 
         " FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY"
         " AS t(message_id, routing_key, body, n) ORDER BY t.n"
         " ON CONFLICT (message_id) DO NOTHING",
-        [m[0] for m in messages],
-        [m[1] for m in messages],
-        [m[2] for m in messages],
+        *columns(messages, 3),
     )
 
 

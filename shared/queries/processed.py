@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.db import Executor
+from shared.db import Executor, columns
 
 
 async def mark_processed(conn: Executor, worker: str, event_id: str, outcome: str) -> bool:
@@ -37,7 +37,6 @@ async def mark_all_processed(
         " SELECT $1, e, o FROM unnest($2::text[], $3::text[]) AS m(e, o)"
         " ON CONFLICT DO NOTHING RETURNING event_id",
         worker,
-        [m[0] for m in marks],
-        [m[1] for m in marks],
+        *columns(marks, 2),
     )
     return {r["event_id"] for r in rows}
