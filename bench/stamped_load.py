@@ -1,5 +1,7 @@
 """Load for `bench.workers`: client processes sending the paid webhooks as fast as ingest
-accepts them or paced to a rate, each noting when every event was first accepted."""
+accepts them or paced to a rate, each noting when every event was first accepted. They send
+through bench.raw_http's lean connections: on the same two cores as the system measured, the
+load generator's own CPU is taken from the services."""
 
 from __future__ import annotations
 
@@ -10,47 +12,51 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from bench.load import REQUEST_TIMEOUT_S, ClientProcesses, Delivery, Tally, _drive, share_of
+from bench.load import REQUEST_TIMEOUT_S, ClientProcesses, Delivery, Tally, share_of
+from bench.load import _drive as _drive_aiohttp
+from bench.raw_http import RawConnection, post_request
 
 
-class _Stamped(set[str]):
-    """The `ok_ids` of bench.load._drive, noting when each event id was first answered 200."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.at: dict[str, float] = {}
-
-    def add(self, event_id: str) -> None:
-        self.at.setdefault(event_id, time.time())
-        super().add(event_id)
-
-
-async def _drive_paced(
-    session: aiohttp.ClientSession,
-    url: str,
-    deliveries: list[Delivery],
-    concurrency: int,
+async def _drive(
+    connections: list[RawConnection],
+    requests: list[bytes],
+    ids: list[str],
     rate: float,
     deadline: float,
     tally: Tally,
-    ok_ids: _Stamped,
+    stamped: dict[str, float],
 ) -> None:
-    """Like bench.load._drive, but delivery i leaves no earlier than i/rate s after the start."""
+    """The connections sending the requests in turn, as fast as ingest answers or, with a
+    `rate`, request i no earlier than i/rate s after the start (a late one goes at once);
+    when each event id (`ids[i]`) was first answered 200 goes into `stamped`."""
+    turns = iter(range(len(requests)))
+    latencies = tally.latencies_s
     started = time.monotonic()
-    limit = asyncio.Semaphore(concurrency)
 
-    async def one(headers: dict[str, str], body: bytes) -> None:
-        async with limit:
-            await _drive(session, url, [(headers, body)], 1, deadline, tally, ok_ids)
+    async def connection(raw: RawConnection) -> None:
+        try:
+            for i in turns:
+                if rate > 0 and (delay := started + i / rate - time.monotonic()) > 0:
+                    await asyncio.sleep(delay)
+                if time.monotonic() > deadline:
+                    return
+                sent = time.perf_counter()
+                status, answer = await raw.send(requests[i])
+                latencies.append(time.perf_counter() - sent)
+                if status == 200:
+                    stamped.setdefault(ids[i], time.time())
+                if status == 200 and b'"accepted"' in answer:
+                    tally.accepted += 1
+                    tally.statuses["200"] += 1
+                elif status == 200 and b'"duplicate"' in answer:
+                    tally.duplicate += 1
+                    tally.statuses["200"] += 1
+                else:
+                    tally.statuses[str(status) if status else answer.decode()] += 1
+        finally:
+            raw.close()
 
-    tasks = []
-    for i, (headers, body) in enumerate(deliveries):
-        if (delay := started + i / rate - time.monotonic()) > 0:
-            await asyncio.sleep(delay)
-        if time.monotonic() > deadline:
-            break
-        tasks.append(asyncio.create_task(one(headers, body)))
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*(connection(raw) for raw in connections))
 
 
 async def _client(
@@ -61,31 +67,20 @@ async def _client(
     max_seconds: float,
     barrier: Any,
 ) -> tuple[Tally, dict[str, float]]:
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        health = url.replace("/webhooks/xhub", "/healthz")
-
-        async def touch() -> None:  # open the keep-alive connections before the start
-            async with session.get(health) as response:
-                await response.read()
-
-        await asyncio.gather(*(touch() for _ in range(concurrency)))
-        barrier.wait(timeout=max_seconds)  # blocks the loop on purpose: nothing else to do
-        tally = Tally(started=time.monotonic())
-        stamped = _Stamped()
-        cpu_started = time.process_time()
-        deadline = tally.started + max_seconds
-        if rate > 0:
-            await _drive_paced(
-                session, url, deliveries, concurrency, rate, deadline, tally, stamped
-            )
-        else:
-            await _drive(session, url, deliveries, concurrency, deadline, tally, stamped)
-        tally.finished = time.monotonic()
-        tally.cpu_s = time.process_time() - cpu_started
-        tally.ok_ids = set(stamped)
-    return tally, stamped.at
+    requests = [post_request(url, headers, body) for headers, body in deliveries]
+    ids = [headers["X-Webhook-Id"] for headers, _ in deliveries]
+    connections = [RawConnection(url) for _ in range(concurrency)]
+    await asyncio.gather(*(raw.open() for raw in connections))  # before the start
+    barrier.wait(timeout=max_seconds)  # blocks the loop on purpose: nothing else to do
+    tally = Tally(started=time.monotonic())
+    stamped: dict[str, float] = {}
+    cpu_started = time.process_time()
+    deadline = tally.started + max_seconds
+    await _drive(connections, requests, ids, rate, deadline, tally, stamped)
+    tally.finished = time.monotonic()
+    tally.cpu_s = time.process_time() - cpu_started
+    tally.ok_ids = set(stamped)
+    return tally, stamped
 
 
 def _client_process(
@@ -132,5 +127,5 @@ async def warm_up(url: str, deliveries: list[Delivery], concurrency: int) -> Tal
     tally = Tally()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         deadline = time.monotonic() + 120
-        await _drive(session, url, deliveries, concurrency, deadline, tally, set())
+        await _drive_aiohttp(session, url, deliveries, concurrency, deadline, tally, set())
     return tally
