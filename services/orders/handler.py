@@ -117,8 +117,8 @@ class _Batch:
                 from_status=state.status.value,
                 to_status=(decision.new_state or state).status.value,
             )
-            if decision.events:
-                self._relay.notify()
+            if writes.outbox:
+                self._relay.committed(writes.outbox)
 
         step.after_commit(committed)
         return "ok"

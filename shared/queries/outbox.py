@@ -29,20 +29,43 @@ async def add_many_to_outbox(conn: Executor, messages: Sequence[tuple[str, str, 
     )
 
 
-async def lock_unpublished_outbox(conn: Executor, limit: int) -> list[OutboxMessage]:
-    """Oldest unpublished outbox rows, locked; other relays skip them (SKIP LOCKED)."""
+async def lock_unpublished_outbox(
+    conn: Executor, older_than_s: float, limit: int
+) -> list[OutboxMessage]:
+    """Oldest unpublished outbox rows committed more than `older_than_s` ago, locked; other
+    relays skip them (SKIP LOCKED)."""
     rows = await conn.fetch(
         "SELECT id, message_id, routing_key, body FROM outbox WHERE published_at IS NULL"
-        " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+        " AND created_at < now() - make_interval(secs => $1)"
+        " ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        older_than_s,
         limit,
     )
     return [OutboxMessage(**dict(r)) for r in rows]
 
 
-async def mark_outbox_published(conn: Executor, ids: Sequence[int]) -> None:
-    await conn.execute(
-        "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", list(ids)
-    )
+_MARK_PUBLISHED = (
+    "UPDATE outbox SET published_at = now()"
+    " WHERE message_id = ANY($1::text[]) AND published_at IS NULL"
+)
+
+
+async def mark_outbox_published(conn: Executor, message_ids: Sequence[str]) -> None:
+    await conn.execute(_MARK_PUBLISHED, list(message_ids))
+
+
+async def mark_outbox_published_lazily(db: Executor, message_ids: Sequence[str]) -> None:
+    """mark_outbox_published in a transaction of its own that doesn't wait for its WAL flush
+    (see inbox.mark_published_lazily): a mark lost in a crash only publishes the row again."""
+    await db.execute(_MARK_PUBLISHED_LAZILY, list(message_ids))
+
+
+_MARK_PUBLISHED_LAZILY = (
+    "WITH lazily AS (SELECT set_config('synchronous_commit', 'off', true))"
+    " UPDATE outbox SET published_at = now()"
+    " WHERE message_id = ANY($1::text[]) AND published_at IS NULL"
+    " AND (SELECT true FROM lazily)"
+)
 
 
 async def unpublished_count(conn: Executor) -> int:

@@ -589,6 +589,36 @@ async def test_relay_marks_every_confirmed_row_even_after_one_that_fails(
     assert {(m.headers or {}).get("schema") for m in delivered} == {ORDER_TRANSITION_SCHEMA}
 
 
+async def test_rows_handed_over_at_commit_are_published_and_marked_before_any_sweep(
+    effect_settings: Settings, amqp: Any, topology: Topology, db: Any
+) -> None:
+    """The orders handler hands its committed rows to the relay, which publishes them at once;
+    the sweep leaves rows younger than its grace to that hand-over."""
+    await declare(amqp, topology)
+    rows = [(f"evt_handed_{i}:order.paid", "order.paid", b"{}") for i in range(3)]
+    for row in rows:
+        await db.execute(
+            "INSERT INTO outbox (message_id, routing_key, body) VALUES ($1, $2, $3)", *row
+        )
+    pool = await create_pool(effect_settings.database_url, max_size=2)
+    broker = Broker(effect_settings.amqp_url, topology)
+    await broker.start()
+    try:
+        await broker.wait_connected(10)
+        relay = OutboxRelay(pool, broker)
+        assert await relay.relay_once(older_than_s=60) == 0  # young: the hand-over's
+        relay.committed(rows)
+        assert await relay.publish_committed() == 3
+        assert await relay.publish_committed() == 0  # handed over once, published once
+    finally:
+        await broker.close()
+        await pool.close()
+
+    assert await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+    delivered = await drain(amqp, topology.work["bonuses"].name)
+    assert sorted(m.message_id for m in delivered) == [r[0] for r in rows]  # type: ignore[type-var]
+
+
 async def test_refund_completed_delivered_after_its_reversal_leaves_the_order_paid(
     aiohttp_client: Any,
     effect_settings: Settings,
