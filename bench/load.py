@@ -119,6 +119,18 @@ class Tally:
     def errors(self) -> int:
         return sum(self.statuses.values()) - self.accepted - self.duplicate
 
+    def count(self, status: int, answer: bytes) -> None:
+        """One answer: 200 accepted or duplicate, else its status (0: the client's error,
+        named in `answer`)."""
+        if status == 200 and b'"accepted"' in answer:
+            self.accepted += 1
+            self.statuses["200"] += 1
+        elif status == 200 and b'"duplicate"' in answer:
+            self.duplicate += 1
+            self.statuses["200"] += 1
+        else:
+            self.statuses[str(status) if status else answer.decode()] += 1
+
 
 async def _drive(
     session: aiohttp.ClientSession,
@@ -146,14 +158,7 @@ async def _drive(
             latencies.append(time.perf_counter() - started)
             if status == 200:
                 ok_ids.add(headers["X-Webhook-Id"])
-            if status == 200 and b'"accepted"' in answer:
-                tally.accepted += 1
-                tally.statuses["200"] += 1
-            elif status == 200 and b'"duplicate"' in answer:
-                tally.duplicate += 1
-                tally.statuses["200"] += 1
-            else:
-                tally.statuses[str(status) if status else answer.decode()] += 1
+            tally.count(status, answer)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 

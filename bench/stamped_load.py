@@ -45,14 +45,7 @@ async def _drive(
                 latencies.append(time.perf_counter() - sent)
                 if status == 200:
                     stamped.setdefault(ids[i], time.time())
-                if status == 200 and b'"accepted"' in answer:
-                    tally.accepted += 1
-                    tally.statuses["200"] += 1
-                elif status == 200 and b'"duplicate"' in answer:
-                    tally.duplicate += 1
-                    tally.statuses["200"] += 1
-                else:
-                    tally.statuses[str(status) if status else answer.decode()] += 1
+                tally.count(status, answer)
         finally:
             raw.close()
 

@@ -7,8 +7,8 @@ published at once: no statement reads them back, and the mark is one statement t
 wait for its WAL flush (a mark lost in a crash only publishes the row again). A sweep every
 `poll_interval_s` publishes, oldest first, the rows no hand-over published within `grace_s`:
 a process killed after its commit, a broker away, a confirm that never came. Replicas sweep
-without publishing each other's rows twice (SKIP LOCKED); the order rows are published in
-doesn't matter to the consumers, who follow the order's current status."""
+without publishing each other's rows twice (SKIP LOCKED). The order the rows go out in
+doesn't matter to the consumers: bonuses and emails follow the order's current status."""
 
 from __future__ import annotations
 
