@@ -84,7 +84,7 @@ bench-vs-prototype: install
 	$(PY) -m bench.vs_prototype
 
 bench-workers: install
-	$(PY) -m bench.workers
+	$(PY) -m bench.workers --then-half 8000
 
 # Every fault round (or ROUNDS=rabbitmq-stop,kill-orders): stops, kills and restarts this
 # machine's RabbitMQ and PostgreSQL, so never beside other tests. About 15 minutes.
