@@ -11,6 +11,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
+from services.ingest.accept import AcceptorConfig
 from services.ingest.app import create_app
 from shared.broker import BROKER
 from shared.config import Settings
@@ -113,6 +114,35 @@ async def test_fifty_concurrent_copies_make_one_row_and_one_message(
     assert outcomes.count("accepted") == 1
     assert len(await inbox_rows(db)) == 1
     assert len(await drain(amqp, topology.work["orders"].name)) == 1
+
+
+async def test_webhooks_arriving_a_few_ms_apart_at_an_idle_acceptor_share_one_batch(
+    aiohttp_client: Any, settings: Settings, db: Any, amqp: Any
+) -> None:
+    """At a few hundred a second a batch waits for its oldest webhook to have waited
+    gather_s (50 ms here, so a slow machine can't split it) instead of going with one each."""
+    app = create_app(settings, acceptor_config=AcceptorConfig(gather_s=0.05))
+    client: TestClient = await aiohttp_client(app)
+    await app[BROKER].wait_connected(10)
+
+    async def post_after(delay_s: float, event_id: str) -> int:
+        await asyncio.sleep(delay_s)
+        body, headers = delivery(payment_event(), SECRET, event_id=event_id)
+        async with client.post(URL, data=body, headers=headers) as response:
+            return response.status
+
+    statuses = await asyncio.gather(*(post_after(i * 0.003, f"evt_gather_{i}") for i in range(5)))
+
+    assert statuses == [200] * 5
+    metrics = await (await client.get("/metrics")).text()
+    batches = _sample(metrics, "payhooks_ingest_batch_size_count")
+    assert (batches, _sample(metrics, "payhooks_ingest_batch_size_sum")) == (1, 5)
+    assert await db.fetchval("SELECT count(*) FROM inbox") == 5
+
+
+def _sample(metrics_text: str, name: str) -> float:
+    [line] = [line for line in metrics_text.splitlines() if line.startswith(name + " ")]
+    return float(line.rpartition(" ")[2])
 
 
 async def test_unknown_event_type_is_accepted_into_unrouted(
