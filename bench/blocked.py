@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from bench.load import REQUEST_TIMEOUT_S, Delivery
+from bench.load import Delivery
+from bench.raw_http import REQUEST_TIMEOUT_S
 from tests.rabbitmq_alarm import memory_alarm
 
 

@@ -14,8 +14,7 @@ import asyncio
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from bench.load import REQUEST_TIMEOUT_S
-
+REQUEST_TIMEOUT_S = 15.0
 _HEAD_END = b"\r\n\r\n"
 
 
