@@ -13,6 +13,7 @@ import asyncpg
 import orjson
 
 from shared.db import Executor
+from shared.queries import without_flush_wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,20 +100,14 @@ async def mark_published(db: Executor, ids: Sequence[int]) -> None:
     await db.execute(_MARK_PUBLISHED, list(ids))
 
 
-async def mark_published_lazily(pool: asyncpg.Pool[Any], ids: Sequence[int]) -> None:
+async def mark_published_lazily(db: Executor, ids: Sequence[int]) -> None:
     """mark_published without waiting for the WAL flush: a mark lost in a crash only means
     the sweeper publishes the row again, and the flush it saves is one every hot-path commit
-    would otherwise queue behind. One statement, its own transaction: set_config(..., true)
-    holds until that transaction's commit (pgbench, 300 of them: 3-55 WAL syncs against 300
-    for plain DELETEs), one round trip where BEGIN, SET LOCAL, DELETE, COMMIT took four."""
-    await pool.execute(_MARK_PUBLISHED_LAZILY, list(ids))
+    would otherwise queue behind."""
+    await db.execute(_MARK_PUBLISHED_LAZILY, list(ids))
 
 
-_MARK_PUBLISHED_LAZILY = (
-    "WITH lazily AS (SELECT set_config('synchronous_commit', 'off', true))"
-    " DELETE FROM inbox_unpublished WHERE id = ANY($1::bigint[])"
-    " AND (SELECT true FROM lazily)"
-)
+_MARK_PUBLISHED_LAZILY = without_flush_wait(_MARK_PUBLISHED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.db import Executor, columns
+from shared.queries import without_flush_wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +56,12 @@ async def mark_outbox_published(conn: Executor, message_ids: Sequence[str]) -> N
 
 
 async def mark_outbox_published_lazily(db: Executor, message_ids: Sequence[str]) -> None:
-    """mark_outbox_published in a transaction of its own that doesn't wait for its WAL flush
-    (see inbox.mark_published_lazily): a mark lost in a crash only publishes the row again."""
+    """mark_outbox_published in a transaction of its own that doesn't wait for its WAL flush:
+    a mark lost in a crash only publishes the row again."""
     await db.execute(_MARK_PUBLISHED_LAZILY, list(message_ids))
 
 
-_MARK_PUBLISHED_LAZILY = (
-    "WITH lazily AS (SELECT set_config('synchronous_commit', 'off', true))"
-    " UPDATE outbox SET published_at = now()"
-    " WHERE message_id = ANY($1::text[]) AND published_at IS NULL"
-    " AND (SELECT true FROM lazily)"
-)
+_MARK_PUBLISHED_LAZILY = without_flush_wait(_MARK_PUBLISHED)
 
 
 async def unpublished_count(conn: Executor) -> int:
