@@ -33,9 +33,12 @@ _PUBLISH_TIMEOUT_S = 5.0
 # Messages per batch at most, and batches in progress at once (each holds a connection).
 # One: what arrives while a batch is being applied forms the next, so batches grow with the
 # load (bench.workers at full load, N=6,000: 4,737 against 5,533 us of CPU per payment with
-# three batchers, 0.3 against 0.4 commits per payment). The email worker, which waits on its
-# SMTP server, keeps two.
-BATCH_SIZE = 50
+# three batchers, 0.3 against 0.4 commits per payment). Up to 128, as the ceiling's hops take:
+# bench.workers at full load, N=10,000, alternating runs: 1,227-1,359 against 1,429-1,474 us
+# of CPU per payment and 1,254-1,401 against 1,204-1,211 payments/s with 50; 256 did no
+# better. A batch only grows that large behind a backlog: at a steady rate the linger below
+# closes it first. The email worker, which waits on its SMTP server, keeps smaller ones.
+BATCH_SIZE = 128
 BATCHERS = 1
 # How long a batch that is not full waits for more messages. bench.workers at a steady 190
 # payments/s (half the maximum), one batcher (two for the email worker): 10 ms gave an
