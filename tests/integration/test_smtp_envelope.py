@@ -1,5 +1,6 @@
 """What the SMTP server receives from the sender: the envelope the email names and its bytes
-as written, and SMTPUTF8 asked for an address in another script. Real aiosmtpd."""
+as written, whether the server offers PIPELINING or not, and SMTPUTF8 asked for an address in
+another script. Real aiosmtpd."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ class Envelopes:
         return "250 Message accepted for delivery"
 
 
+class PipeliningEnvelopes(Envelopes):
+    """The same, its EHLO offering PIPELINING (aiosmtpd reads commands in order either way)."""
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        session.host_name = hostname  # what aiosmtpd does itself without this hook
+        return [*responses[:-1], "250-PIPELINING", responses[-1]]
+
+
 @contextlib.contextmanager
 def smtp_server(handler: Envelopes, *, smtputf8: bool) -> Iterator[int]:
     port = free_port()
@@ -50,9 +61,12 @@ def outgoing(recipient: str) -> OutgoingEmail:
     )
 
 
+@pytest.mark.parametrize("handler_class", [Envelopes, PipeliningEnvelopes])
 @pytest.mark.parametrize("recipient", ["buyer@example.test", "käufer@beispiel.test"])
-async def test_the_server_gets_the_envelope_and_the_bytes_as_written(recipient: str) -> None:
-    handler = Envelopes()
+async def test_the_server_gets_the_envelope_and_the_bytes_as_written(
+    recipient: str, handler_class: type[Envelopes]
+) -> None:
+    handler = handler_class()
     sent = outgoing(recipient)
     with smtp_server(handler, smtputf8=True) as port:
         smtp = SmtpSender("127.0.0.1", port, connections=1)

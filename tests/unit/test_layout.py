@@ -27,7 +27,7 @@ DOMAIN_MODULES = [
 ]
 # The composition root: the one service that imports the others (to run them by name).
 COMPOSITION_ROOT = "cli"
-IO_LIBRARIES = {"asyncpg", "aio_pika", "aiormq", "aiohttp", "aiosmtplib", "socket", "structlog"}
+IO_LIBRARIES = {"asyncpg", "aio_pika", "aiormq", "aiohttp", "socket", "structlog"}
 
 
 def sources(*folders: str) -> Iterator[Path]:
