@@ -174,27 +174,24 @@ async def test_starttls_and_login_deliver_over_one_reused_connection(
     assert all(r.encrypted and r.authenticated for r in sink.received)
 
 
-async def test_a_server_offering_only_auth_login_gets_it(certificates: Certificates) -> None:
-    sink = ProviderSink()
-    with provider(sink, certificates.server, implicit=False, mechanisms="LOGIN") as port:
-        smtp = sender(port, certificates, "starttls", PASSWORD)
-        try:
-            await smtp.send(message("pay_login"))
-        finally:
-            await smtp.close()
-
-    assert sink.logins == [(USERNAME, True)]
-    assert [(r.encrypted, r.authenticated) for r in sink.received] == [(True, True)]
-
-
 # aiosmtpd warns when AUTH may come before TLS; on an implicit-TLS port it never does.
 @pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning")
-async def test_implicit_tls_and_login_deliver(certificates: Certificates) -> None:
+@pytest.mark.parametrize(
+    ("tls", "mechanisms"),
+    [
+        ("implicit", "all"),
+        # A server offering only AUTH LOGIN gets it (PLAIN is preferred where offered).
+        ("starttls", "LOGIN"),
+    ],
+)
+async def test_tls_and_login_deliver(certificates: Certificates, tls: str, mechanisms: str) -> None:
     sink = ProviderSink()
-    with provider(sink, certificates.server, implicit=True) as port:
-        smtp = sender(port, certificates, "implicit", PASSWORD)
+    with provider(
+        sink, certificates.server, implicit=tls == "implicit", mechanisms=mechanisms
+    ) as port:
+        smtp = sender(port, certificates, tls, PASSWORD)
         try:
-            await smtp.send(message("pay_implicit"))
+            await smtp.send(message(f"pay_{tls}"))
         finally:
             await smtp.close()
 
