@@ -13,7 +13,9 @@ from typing import Any
 
 import aio_pika
 import aiormq
+import aiormq.abc
 import orjson
+import structlog
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from shared.dlq_lock import reading
@@ -30,6 +32,8 @@ from shared.vocabulary import (
 )
 
 QUEUES = WORK_QUEUES
+
+log = structlog.get_logger(__name__)
 
 
 class MissingQueueError(Exception):
@@ -166,12 +170,39 @@ async def read_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomin
     return messages
 
 
-async def hand_back(messages: Sequence[AbstractIncomingMessage]) -> None:
-    for message in messages:  # in order: the queue gets them back in the order it had them
-        try:
+async def hand_back(
+    channel: AbstractChannel, queue: str, messages: Sequence[AbstractIncomingMessage]
+) -> None:
+    """Return `messages` (read from `queue` on `channel`) to the queue, in order, and wait
+    until it counts them as ready again: a quorum queue takes nacked messages back some time
+    after the channel has answered later commands, and the next reader, on another
+    connection, counted and read only the part already back (a show of 35 out of 600 in a
+    clean-clone CI run; a requeue there would have moved only that part)."""
+    if not messages:
+        return
+    underlay = await channel.get_underlay_channel()
+    try:
+        # What is ready besides the held ones (new arrivals): they only add to the count.
+        others = await _ready(underlay, queue)
+        for message in messages:  # in order: the queue gets them back in the order it had them
             await message.nack(requeue=True)
-        except aiormq.exceptions.ChannelInvalidStateError:
-            return  # the channel is closed: RabbitMQ took back everything it held
+        deadline = asyncio.get_running_loop().time() + _HAND_BACK_WAIT_S
+        while (ready := await _ready(underlay, queue)) < others + len(messages):
+            if asyncio.get_running_loop().time() >= deadline:
+                # Dropped meanwhile (unrouted's age and length limits), or a broker this slow:
+                # the next reader may miss what is not back yet.
+                log.warning(
+                    "dlq.hand_back_incomplete", queue=queue, ready=ready, handed_back=len(messages)
+                )
+                return
+            await asyncio.sleep(_HAND_BACK_POLL_S)
+    except (aiormq.exceptions.ChannelInvalidStateError, aiormq.exceptions.AMQPError):
+        return  # the channel is closed: RabbitMQ took back everything it held
+
+
+async def _ready(channel: aiormq.abc.AbstractChannel, queue: str) -> int:
+    declared = await channel.queue_declare(queue, passive=True)
+    return int(declared.message_count or 0)
 
 
 async def show(
@@ -182,6 +213,10 @@ async def show(
 
 
 _PEEK_PREFETCH = 65535
+# How long a hand-back waits for the queue to count its messages as ready again, and how
+# often it looks (on a quiet machine they are back within a few milliseconds).
+_HAND_BACK_WAIT_S = 5.0
+_HAND_BACK_POLL_S = 0.005
 # Fewer messages came than the queue counted (expired or dropped meanwhile): the read ends
 # after this long without one.
 _PEEK_QUIET_S = 1.0
@@ -200,7 +235,7 @@ async def peeking(
             await _consume_all(channel, queue, messages)
             yield messages
         finally:
-            await hand_back(messages)
+            await hand_back(channel, queue, messages)
 
 
 async def _consume_all(

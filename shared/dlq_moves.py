@@ -141,7 +141,7 @@ async def requeue(
         finally:
             # Everything not moved goes back, in order, also after a failure half-way: the
             # next reader must find it in the DLQ, not held by this channel.
-            await hand_back([m for m in messages if id(m) not in moved])
+            await hand_back(channel, dlq, [m for m in messages if id(m) not in moved])
     requested = set(selection.ids)
     found = {i for _, letter in chosen for i in (letter.id, letter.event_id) if i in requested}
     return RequeueResult(
@@ -196,5 +196,5 @@ async def purge(
                 if progress is not None:
                     progress(done, len(messages))
         finally:
-            await hand_back(messages[len(removed) :])
+            await hand_back(channel, dlq, messages[len(removed) :])
     return removed
