@@ -65,7 +65,7 @@ def route(
         {
             ATTEMPTS: attempts,
             LAST_FAILED_AT: at,
-            LAST_ERROR: f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS],
+            LAST_ERROR: error_text(error)[:MAX_ERROR_CHARS],
             ORIGINAL_QUEUE: queue.name,
         }
     )
@@ -77,3 +77,9 @@ def route(
     else:
         carried[REASON] = "retries_exhausted" if retry else "invalid_message"
     return Route(queue.dlq, "dead_lettered", carried)
+
+
+def error_text(error: BaseException) -> str:
+    """`Type: message`, or the type alone where the error says nothing more (a timeout)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -19,6 +19,7 @@ from shared.acks import AckWindow
 from shared.batches import BatchHandler, Delivery, Result, about_payment
 from shared.broker import Broker
 from shared.consumer import Consumer
+from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import PermanentError, TransientError
 from shared.metrics import WorkerMetrics
 from shared.outgoing import persistent_copy
@@ -232,7 +233,10 @@ class Worker:
     ) -> str:
         now = dt.datetime.now(dt.UTC)
         to = failures.route(self._queue, message.headers or {}, error, retry=retry, now=now)
-        expected = isinstance(error, PermanentError | TransientError)
+        # The database timing out or going away is expected weather, as an SMTP server away
+        # is: a line, not a traceback (an SMTP stall held a payment's email lock until a batch
+        # waiting on it timed out: 32 error tracebacks in one chaos round).
+        expected = isinstance(error, (PermanentError, TransientError, *TRANSIENT_DB_ERRORS))
         (log.info if expected else log.error)(
             f"message.{to.outcome}",
             message_id=delivery.message_id,

@@ -61,6 +61,7 @@ class SmtpSender:
             raise ValueError("SMTP credentials are never sent without TLS")
         self._host = host
         self._port = port
+        self._timeout_s = timeout_s
         context = None
         if tls != "none":
             # The system's CAs, and ca_file's; the host name checked.
@@ -112,7 +113,11 @@ class SmtpSender:
                     f"SMTP {self._host}:{self._port} refused the login ({e.code} {e.text}):"
                     " check SMTP_USERNAME and SMTP_PASSWORD"
                 ) from e
-            except (SmtpError, OSError, TimeoutError) as e:
+            except TimeoutError as e:
+                raise SmtpUnavailableError(
+                    f"SMTP {self._host}:{self._port}: no answer within {self._timeout_s:g} s"
+                ) from e
+            except (SmtpError, OSError) as e:
                 raise SmtpUnavailableError(f"SMTP {self._host}:{self._port}: {e}") from e
         except BaseException:
             # A failed session may be half-way through a transaction: start the next afresh.

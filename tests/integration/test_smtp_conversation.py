@@ -42,7 +42,8 @@ class Scripted(asyncio.Protocol):
                 self._server.contents.append(self._buffer[: end + 2])
                 self._buffer = self._buffer[end + 5 :]
                 self._in_data = False
-                self._reply(b"250 queued")
+                if not self._server.silent_after_content:
+                    self._reply(b"250 queued")
                 continue
             line, found, rest = self._buffer.partition(b"\r\n")
             if not found:
@@ -103,6 +104,7 @@ class ScriptedServer:
         refuse_rcpt: bool = False,
         starttls: bool = False,
     ) -> None:
+        self.silent_after_content = False  # takes the email, then never answers: a stall
         self.pipelining = pipelining
         self.starttls = starttls
         self.hold_until_data = hold_until_data
@@ -194,6 +196,26 @@ async def test_bytes_after_the_starttls_reply_end_the_connection_before_tls(
     finally:
         await smtp.close()
     assert scripted.commands[-1] == b"STARTTLS"
+
+
+async def test_a_server_silent_after_the_content_is_a_timeout_and_the_retry_sends_again(
+    serve: Serve,
+) -> None:
+    # The window SMTP leaves open (RFC 1047): the server has the email, the client never
+    # learns it. The retry sends it again, with the same Message-ID.
+    scripted = ScriptedServer(pipelining=True)
+    scripted.silent_after_content = True
+    port = await serve(scripted)
+    smtp = SmtpSender("127.0.0.1", port, connections=1, timeout_s=0.3)
+    try:
+        with pytest.raises(SmtpUnavailableError, match="no answer within 0.3 s"):
+            await smtp.send(email("pay_7"))
+        scripted.silent_after_content = False
+        await smtp.send(email("pay_7"))  # over a fresh connection: the stalled one is closed
+    finally:
+        await smtp.close()
+    assert len(scripted.contents) == 2
+    assert sum(c.startswith(b"EHLO") for c in scripted.commands) == 2  # two connections
 
 
 def test_the_content_is_dot_stuffed_with_crlf_line_ends() -> None:

@@ -13,11 +13,14 @@ import structlog
 from structlog.testing import capture_logs
 from structlog.typing import EventDict
 
-from shared.batches import Delivery, Step, in_one_transaction
+from shared.batches import Delivery, Result, Step, in_one_transaction
+from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
 from shared.messages import OrderTransition
+from shared.metrics import WorkerMetrics
 from shared.topology import Topology, declare
+from shared.worker import Worker
 from tests.helpers import eventually, payment_event
 from tests.integration.test_worker_message_id import orders_worker, publish
 
@@ -102,3 +105,42 @@ async def test_lines_logged_while_a_message_is_handled_and_after_its_commit_carr
         got = {m: line.get("payment_id") for m, line in lines(logs, event).items()}
         assert got == {"m_a": "pay_a", "m_b": "pay_b", "m_none": None}, event
     assert "payment_id" not in next(line for line in logs if line["event"] == "after")
+
+
+async def test_a_database_timeout_is_retried_with_one_line_and_a_bug_with_its_traceback(
+    settings: Settings, topology: Topology, amqp: Any
+) -> None:
+    # An SMTP stall held a payment's email lock until a batch waiting on it timed out: such a
+    # retry is expected weather (info, no traceback), where an unknown error is a bug.
+    await declare(amqp, topology)
+    errors: dict[str, Exception] = {"evt_timeout": TimeoutError(), "evt_bug": RuntimeError("bug")}
+
+    async def fail(deliveries: Sequence[Delivery]) -> list[Result]:
+        return [errors[d.message_id] for d in deliveries]
+
+    broker = Broker(settings.amqp_url, topology)
+    await broker.start()
+    worker = Worker("orders", broker, topology.work["orders"], fail, WorkerMetrics.create("t"))
+    queue = topology.work["orders"].name
+    try:
+        await broker.wait_connected(10)
+        with capture_logs(processors=MERGED) as logs:
+            worker.start()
+            for message_id in errors:
+                await publish(amqp, queue, orjson.dumps(payment_event("pay_x")), message_id)
+
+            async def captured() -> list[EventDict]:
+                return list(logs)
+
+            await eventually(captured, lambda got: set(lines(got, "message.retried")) == {*errors})
+    finally:
+        await worker.stop()
+        await broker.close()
+
+    retried = lines(logs, "message.retried")
+    assert retried["evt_timeout"]["log_level"] == "info"
+    assert retried["evt_timeout"]["error"] == "TimeoutError"
+    assert retried["evt_timeout"]["exc_info"] is False
+    assert retried["evt_bug"]["log_level"] == "error"
+    assert retried["evt_bug"]["error"] == "RuntimeError: bug"
+    assert isinstance(retried["evt_bug"]["exc_info"], RuntimeError)
