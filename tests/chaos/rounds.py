@@ -51,9 +51,18 @@ async def _stall_postgres(stack: Stack) -> None:
     stack.pg_proxy.stall()
 
 
+async def _cut_smtp(stack: Stack) -> None:
+    stack.smtp_proxy.cut()
+
+
+async def _stall_smtp(stack: Stack) -> None:
+    stack.smtp_proxy.stall()
+
+
 async def _network_back(stack: Stack) -> None:
     stack.amqp_proxy.restore()
     stack.pg_proxy.restore()
+    stack.smtp_proxy.restore()
 
 
 async def _backing_services_up(stack: Stack) -> None:
@@ -116,6 +125,13 @@ FAULTS: tuple[Fault, ...] = (
         "stall-postgres",
         "network to PostgreSQL a black hole for 30 s",
         _stall_postgres,
+        hold_s=30,
+    ),
+    Fault("cut-smtp", "network to the SMTP server cut for 30 s", _cut_smtp, hold_s=30),
+    Fault(
+        "stall-smtp",
+        "network to the SMTP server a black hole for 30 s",
+        _stall_smtp,
         hold_s=30,
     ),
     Fault(

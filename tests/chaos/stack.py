@@ -1,6 +1,6 @@
 """The system a chaos round runs: `payhooks run all` on its own database and queue prefix,
-reaching PostgreSQL and RabbitMQ through TCP proxies (so a round can cut the network), an SMTP
-sink that counts every message it receives, and the simulator's payments API."""
+reaching PostgreSQL, RabbitMQ and an SMTP sink that counts every message it receives through TCP
+proxies (so a round can cut the network), and the simulator's payments API."""
 
 from __future__ import annotations
 
@@ -106,6 +106,8 @@ class Stack:
             urlsplit(amqp_url).hostname or "127.0.0.1", urlsplit(amqp_url).port or 5672
         )
         self.smtp = SmtpCounter()
+        self.smtp_port = free_port()
+        self.smtp_proxy = TcpProxy("127.0.0.1", self.smtp_port)
         self.book = PaymentBook()
         self.ports = {name: free_port() for name in SERVICES}
         self.topology: Topology = build_topology(
@@ -127,8 +129,8 @@ class Stack:
         if self.proxied:
             await self.pg_proxy.start()
             await self.amqp_proxy.start()
-        smtp_port = free_port()
-        self._controller = Controller(self.smtp, hostname="127.0.0.1", port=smtp_port)
+            await self.smtp_proxy.start()
+        self._controller = Controller(self.smtp, hostname="127.0.0.1", port=self.smtp_port)
         self._controller.start()
         self._api, api_url = await start_api(self.book, API_KEY)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
@@ -148,7 +150,7 @@ class Stack:
             "RECONCILE_INTERVAL": "2",
             "RECONCILE_AFTER": "3",
             "RETRY_DELAYS": RETRY_DELAYS,
-            "SMTP_PORT": str(smtp_port),
+            "SMTP_PORT": str(self.smtp_proxy.port if self.proxied else self.smtp_port),
             "EMAIL_FROM": "payments@chaos.test",
             "LOG_LEVEL": "WARNING",
             **{PORT_VARIABLES[name]: str(port) for name, port in self.ports.items()},
@@ -183,6 +185,7 @@ class Stack:
         if self.proxied:
             await self.pg_proxy.close()
             await self.amqp_proxy.close()
+            await self.smtp_proxy.close()
         with contextlib.suppress(Exception):
             await self.delete_queues()
             await asyncio.sleep(1)  # the dead-letter workers of deleted queues stop meanwhile
