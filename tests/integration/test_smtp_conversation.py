@@ -208,7 +208,7 @@ async def test_a_server_silent_after_the_content_is_a_timeout_and_the_retry_send
     port = await serve(scripted)
     smtp = SmtpSender("127.0.0.1", port, connections=1, timeout_s=0.3)
     try:
-        with pytest.raises(SmtpUnavailableError, match="no answer within 0.3 s"):
+        with pytest.raises(SmtpUnavailableError, match=r"no answer within 0\.3 s"):
             await smtp.send(email("pay_7"))
         scripted.silent_after_content = False
         await smtp.send(email("pay_7"))  # over a fresh connection: the stalled one is closed
