@@ -13,6 +13,8 @@ from collections import Counter, deque
 import orjson
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import AbstractChannel
+from aiormq.exceptions import ChannelInvalidStateError
 
 from shared import failures
 from shared.acks import AckWindow
@@ -98,6 +100,9 @@ class Worker:
         ]
 
     async def consuming(self) -> bool:
+        """A consumer on the queue, and every batcher alive to take what it receives."""
+        if any(task.done() for task in self._batcher_tasks):
+            return False
         return await self._consumer.consuming()
 
     async def stop(self) -> None:
@@ -111,14 +116,19 @@ class Worker:
         await self._consumer.close()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        self._window(message).received(message.delivery_tag or 0)
+        if (window := self._window(message)) is None:
+            return  # its channel closed already: RabbitMQ delivers it again
+        window.received(message.delivery_tag or 0)
         self._waiting.append(message)
         self._arrived.set()
 
-    def _window(self, message: AbstractIncomingMessage) -> AckWindow:
+    def _window(self, message: AbstractIncomingMessage) -> AckWindow | None:
         """The ack window of the channel the message came on (a new one after the robust
-        channel was restored: delivery tags start again at 1)."""
-        channel = message.channel
+        channel was restored: delivery tags start again at 1); None once that channel has
+        closed (RabbitMQ took back its unacknowledged messages)."""
+        channel = _open_channel(message)
+        if channel is None:
+            return None
         window = self._windows.get(channel)
         if window is None:
             self._windows = {c: w for c, w in self._windows.items() if not _closed(c)}
@@ -136,22 +146,35 @@ class Worker:
                     await self._arrived.wait()
                 if len(self._waiting) < self._batch_size:
                     await asyncio.sleep(self._linger_s)  # what arrives meanwhile joins it
-                batch = [
+                taken = [
                     self._waiting.popleft()
                     for _ in range(min(self._batch_size, len(self._waiting)))
                 ]
+            # Received on a channel that has closed since (RabbitMQ restarted): they are
+            # RabbitMQ's again and come back on the new one; handled now, they could not be
+            # acked.
+            batch = [m for m in taken if _open_channel(m) is not None]
+            if not batch:
+                continue
             # Its own task, so that stop() can let it finish while no new batch starts.
             task = asyncio.create_task(self._process_or_hand_back(batch))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
-            await asyncio.shield(task)
+            try:
+                await asyncio.shield(task)
+            except Exception as e:  # a batcher that died would stop the worker for good
+                log.exception("batch.unhandled", worker=self.name, error=repr(e))
 
     async def _process_or_hand_back(self, batch: list[AbstractIncomingMessage]) -> None:
         try:
             await self._process(batch)
         except Exception as e:  # a channel closed under an ack, a bug: hand back the rest
             log.exception("batch.failed", worker=self.name, error=repr(e))
-            unsettled = [m for m in batch if self._window(m).is_open(m.delivery_tag or 0)]
+            unsettled = [
+                m
+                for m in batch
+                if (window := self._window(m)) is not None and window.is_open(m.delivery_tag or 0)
+            ]
             for message in unsettled:
                 with contextlib.suppress(Exception):
                     await message.nack(requeue=True)
@@ -198,16 +221,23 @@ class Worker:
     async def _settle(self, messages: list[AbstractIncomingMessage], *, settled: bool) -> None:
         """Mark messages finished in their channel's ack window (`settled`: acked or nacked
         alone already) and ack as far as each window allows, one multiple-ack per channel."""
-        by_channel: dict[object, list[AbstractIncomingMessage]] = {}
+        by_channel: dict[AbstractChannel, list[AbstractIncomingMessage]] = {}
         for message in messages:
-            by_channel.setdefault(message.channel, []).append(message)
+            # A closed channel's messages are RabbitMQ's again: it hands them out again, and
+            # the handlers dedup.
+            if (channel := _open_channel(message)) is not None:
+                by_channel.setdefault(channel, []).append(message)
         for channel, group in by_channel.items():
-            tags = [m.delivery_tag or 0 for m in group]
-            ack_to = self._window(group[0]).done(tags, settled=settled)
+            window = self._windows.get(channel)
+            ack_to = (
+                window.done([m.delivery_tag or 0 for m in group], settled=settled)
+                if window
+                else None
+            )
             if ack_to is None or _closed(channel):
-                continue  # closed: the broker hands them out again, the handlers dedup
+                continue
             try:
-                await group[0].channel.basic_ack(delivery_tag=ack_to, multiple=True)
+                await channel.basic_ack(delivery_tag=ack_to, multiple=True)
             except Exception as e:
                 log.warning("batch.ack_failed", worker=self.name, error=repr(e))
 
@@ -281,3 +311,11 @@ def _payment_id(body: bytes) -> str | None:
 
 def _closed(channel: object) -> bool:
     return bool(getattr(channel, "is_closed", True))
+
+
+def _open_channel(message: AbstractIncomingMessage) -> AbstractChannel | None:
+    """The channel a message came on, or None once it has closed (aio-pika raises then)."""
+    try:
+        return message.channel
+    except ChannelInvalidStateError:
+        return None

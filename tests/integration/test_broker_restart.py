@@ -12,16 +12,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aio_pika
+import orjson
 import pytest
 
 from shared import broker as broker_module
 from shared import consumer as consumer_module
-from shared.broker import BROKER
+from shared.batches import Delivery, Result
+from shared.broker import BROKER, Broker
 from shared.config import Settings
-from shared.topology import Topology
+from shared.metrics import WorkerMetrics
+from shared.topology import Topology, declare
+from shared.worker import Worker
 from tests import faults
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
@@ -36,6 +41,7 @@ from tests.integration.system import (
     start_system,
     system_settings,
 )
+from tests.integration.test_worker_message_id import publish
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -152,3 +158,55 @@ async def test_a_connection_that_never_comes_back_is_replaced_and_consumed_again
     await quiescent(db, system)
     assert (await effects(db, "pay_afresh"))["emails"] == ["payment_succeeded"]
     assert smtp_messages(sink, "pay_afresh") == ["payment_succeeded"]
+
+
+async def test_a_batch_in_hand_while_rabbitmq_restarts_does_not_stop_the_worker(
+    local_broker: None, settings: Settings, amqp: Any, topology: Topology
+) -> None:
+    """`make chaos` (rabbitmq-stop, rabbitmq-kill, cut-rabbitmq): a batch finished after its
+    channel closed asked aio-pika for the message's channel to ack it, which raises on a
+    closed channel; the batcher died of it and, the worker's only one, nothing was processed
+    again while /readyz said ready. Its messages are RabbitMQ's again (redelivered); the
+    worker goes on with the next ones."""
+    await declare(amqp, topology)
+    queue = topology.work["orders"].name
+    holding = asyncio.Event()
+    release = asyncio.Event()
+    handled: list[str] = []
+
+    async def handle(deliveries: Sequence[Delivery]) -> list[Result]:
+        handled.extend(d.message_id for d in deliveries)
+        if not holding.is_set():
+            holding.set()
+            await release.wait()
+        return ["ok"] * len(deliveries)
+
+    broker = Broker(settings.amqp_url, topology)
+    await broker.start()
+    worker = Worker("orders", broker, topology.work["orders"], handle, WorkerMetrics.create("t"))
+    try:
+        await broker.wait_connected(10)
+        worker.start()
+        await publish(amqp, queue, orjson.dumps(payment_event("pay_held")), "evt_held")
+        await asyncio.wait_for(holding.wait(), 10)
+        try:
+            await asyncio.to_thread(faults.rabbitmq_stop_app)
+            release.set()  # the batch ends while its channel is closed
+            await asyncio.sleep(1.0)
+            assert await worker.consuming() is False
+        finally:
+            await asyncio.to_thread(faults.ensure_rabbitmq)
+
+        async with await aio_pika.connect(TEST_AMQP_URL) as connection:
+            channel = await connection.channel()
+            await eventually(worker.consuming, bool, timeout_s=RECOVERY_BUDGET_S)
+            await publish(channel, queue, orjson.dumps(payment_event("pay_next")), "evt_next")
+            await eventually(lambda: _async(handled), lambda h: "evt_next" in h, timeout_s=30)
+            assert "evt_held" in handled[1:]  # not acked: RabbitMQ delivered it again
+    finally:
+        await worker.stop()
+        await broker.close()
+
+
+async def _async(value: list[str]) -> list[str]:
+    return value
