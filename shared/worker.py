@@ -234,7 +234,7 @@ class Worker:
                 if window
                 else None
             )
-            if ack_to is None or _closed(channel):
+            if ack_to is None:
                 continue
             try:
                 await channel.basic_ack(delivery_tag=ack_to, multiple=True)

@@ -22,11 +22,9 @@ import pytest
 from shared import broker as broker_module
 from shared import consumer as consumer_module
 from shared.batches import Delivery, Result
-from shared.broker import BROKER, Broker
+from shared.broker import BROKER
 from shared.config import Settings
-from shared.metrics import WorkerMetrics
 from shared.topology import Topology, declare
-from shared.worker import Worker
 from tests import faults
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
@@ -41,7 +39,7 @@ from tests.integration.system import (
     start_system,
     system_settings,
 )
-from tests.integration.test_worker_message_id import publish
+from tests.integration.test_worker_message_id import publish, running_worker
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -181,12 +179,7 @@ async def test_a_batch_in_hand_while_rabbitmq_restarts_does_not_stop_the_worker(
             await release.wait()
         return ["ok"] * len(deliveries)
 
-    broker = Broker(settings.amqp_url, topology)
-    await broker.start()
-    worker = Worker("orders", broker, topology.work["orders"], handle, WorkerMetrics.create("t"))
-    try:
-        await broker.wait_connected(10)
-        worker.start()
+    async with running_worker(settings, topology, amqp, lambda _: handle) as worker:
         await publish(amqp, queue, orjson.dumps(payment_event("pay_held")), "evt_held")
         await asyncio.wait_for(holding.wait(), 10)
         try:
@@ -203,9 +196,6 @@ async def test_a_batch_in_hand_while_rabbitmq_restarts_does_not_stop_the_worker(
             await publish(channel, queue, orjson.dumps(payment_event("pay_next")), "evt_next")
             await eventually(lambda: _async(handled), lambda h: "evt_next" in h, timeout_s=30)
             assert "evt_held" in handled[1:]  # not acked: RabbitMQ delivered it again
-    finally:
-        await worker.stop()
-        await broker.close()
 
 
 async def _async(value: list[str]) -> list[str]:

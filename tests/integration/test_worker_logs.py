@@ -14,15 +14,12 @@ from structlog.testing import capture_logs
 from structlog.typing import EventDict
 
 from shared.batches import Delivery, Result, Step, in_one_transaction
-from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
 from shared.messages import OrderTransition
-from shared.metrics import WorkerMetrics
 from shared.topology import Topology, declare
-from shared.worker import Worker
 from tests.helpers import eventually, payment_event
-from tests.integration.test_worker_message_id import orders_worker, publish
+from tests.integration.test_worker_message_id import orders_worker, publish, running_worker
 
 log = structlog.get_logger(__name__)
 
@@ -118,14 +115,9 @@ async def test_a_database_timeout_is_retried_with_one_line_and_a_bug_with_its_tr
     async def fail(deliveries: Sequence[Delivery]) -> list[Result]:
         return [errors[d.message_id] for d in deliveries]
 
-    broker = Broker(settings.amqp_url, topology)
-    await broker.start()
-    worker = Worker("orders", broker, topology.work["orders"], fail, WorkerMetrics.create("t"))
     queue = topology.work["orders"].name
-    try:
-        await broker.wait_connected(10)
-        with capture_logs(processors=MERGED) as logs:
-            worker.start()
+    with capture_logs(processors=MERGED) as logs:
+        async with running_worker(settings, topology, amqp, lambda _: fail):
             for message_id in errors:
                 await publish(amqp, queue, orjson.dumps(payment_event("pay_x")), message_id)
 
@@ -133,9 +125,6 @@ async def test_a_database_timeout_is_retried_with_one_line_and_a_bug_with_its_tr
                 return list(logs)
 
             await eventually(captured, lambda got: set(lines(got, "message.retried")) == {*errors})
-    finally:
-        await worker.stop()
-        await broker.close()
 
     retried = lines(logs, "message.retried")
     assert retried["evt_timeout"]["log_level"] == "info"

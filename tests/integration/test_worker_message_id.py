@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,30 +32,53 @@ from tests.integration.system import consumer_counts, depths, effects, header, r
 
 
 @asynccontextmanager
-async def orders_worker(
-    settings: Settings, topology: Topology, channel: AbstractChannel, **batching: Any
-) -> AsyncIterator[None]:
-    """The orders queue consumed by shared.worker.Worker with the real orders handler (its
-    outbox relay never runs: the test looks at the order and processed_events only);
-    `batching`: the Worker's batch_size, batchers, linger_s."""
-    pool = await create_pool(settings.database_url, max_size=2)
+async def running_worker(
+    settings: Settings,
+    topology: Topology,
+    channel: AbstractChannel,
+    make_handler: Callable[[Broker], BatchHandler],
+    **batching: Any,
+) -> AsyncIterator[Worker]:
+    """The orders queue consumed by shared.worker.Worker with the handler `make_handler` makes
+    from the worker's broker, once its consumer is on the queue; `batching`: the Worker's
+    batch_size, batchers, linger_s."""
     broker = Broker(settings.amqp_url, topology)
     await broker.start()
-    handler: BatchHandler = orders_handler(
-        pool, OutboxRelay(pool, broker), OrderMetrics.create(new_registry())
-    )
     worker = Worker(
-        "orders", broker, topology.work["orders"], handler, WorkerMetrics.create("t"), **batching
+        "orders",
+        broker,
+        topology.work["orders"],
+        make_handler(broker),
+        WorkerMetrics.create("t"),
+        **batching,
     )
     try:
         await broker.wait_connected(10)
         worker.start()
         queue = topology.work["orders"].name
         await eventually(lambda: consumer_counts(channel, [queue]), lambda c: c == {queue: 1})
-        yield
+        yield worker
     finally:
         await worker.stop()
         await broker.close()
+
+
+@asynccontextmanager
+async def orders_worker(
+    settings: Settings, topology: Topology, channel: AbstractChannel, **batching: Any
+) -> AsyncIterator[None]:
+    """running_worker with the real orders handler (its outbox relay never runs: the test
+    looks at the order and processed_events only)."""
+    pool = await create_pool(settings.database_url, max_size=2)
+    metrics = OrderMetrics.create(new_registry())
+
+    def make_handler(broker: Broker) -> BatchHandler:
+        return orders_handler(pool, OutboxRelay(pool, broker), metrics)
+
+    try:
+        async with running_worker(settings, topology, channel, make_handler, **batching):
+            yield
+    finally:
         await pool.close()
 
 
