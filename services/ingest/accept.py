@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -58,18 +59,44 @@ class AcceptorConfig:
     max_batch: int = 256
     max_in_flight: int = 4
     # A batch goes when its oldest webhook has waited this long or it is full (unless the
-    # acceptor is busy, see _gathers): at a few hundred a second it gathers several instead of
-    # going with one or two, each batch being an INSERT, a commit and a publish. bench.workers
-    # at a steady 400/s: 10 ms against a fixed 3 ms took ingest 616-684 against 848-864 us per
-    # request and PostgreSQL 475-504 against 631-651 us per payment, the answers' p50 14-15
-    # against 12-13 ms.
-    gather_s: float = 0.010
+    # acceptor is busy, see _gathers). Long enough to catch the requests a closed loop of
+    # clients sends right after a batch's answers, short enough to add little to an answer:
+    # the prototype benchmark at c=64 (bench.vs_prototype, 2026-12-05) 2,700-3,300/s with
+    # 10 ms, 2,900-4,700/s with 2 ms, p99 24-34 against 30-40 ms; bench.workers (N=10,000)
+    # the same within noise (ingest 187-239 against 211-218 us per request).
+    gather_s: float = 0.002
     # Webhooks waiting for a batch. Beyond it the wait would only grow (more arrive than the
     # batches take) until the handler's budget runs out: refuse at once instead. Two batches'
     # worth keeps the batches full; the last one in is answered within about two batch times.
     max_pending: int = 512
     db_timeout_s: float = 4.0
     publish_timeout_s: float = 4.0
+
+
+class ConfirmMemory:
+    """Event ids whose publish was confirmed, each kept at least `keep_s` seconds.
+
+    An OrderedDict, oldest first: forgetting the oldest of a plain dict (next(iter()) after
+    deletes at its front) walks every slot deleted since the dict last resized, 13 us per
+    confirm with 40,000 remembered (4,000 confirms/s), which made ingest slower the longer it
+    ran (2026-12-05: 164 to 253 us of CPU per request within a minute at c=64)."""
+
+    def __init__(self, keep_s: float) -> None:
+        self._keep_s = keep_s
+        self._when: OrderedDict[str, float] = OrderedDict()
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._when
+
+    def __len__(self) -> int:
+        return len(self._when)
+
+    def remember(self, event_id: str, now: float) -> None:
+        """Note a confirm at `now` (monotonic seconds); forget the ones older than keep_s."""
+        self._when[event_id] = now
+        self._when.move_to_end(event_id)
+        while now - next(iter(self._when.values())) > self._keep_s:
+            self._when.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -112,7 +139,7 @@ class Acceptor:
         # copy whose INSERT read the row before its mark committed still finds the confirm.
         # Plain ids and times: tens of thousands of kept futures slow every full collection.
         self._publishes: dict[str, tuple[asyncio.Future[None], float]] = {}
-        self._confirmed: dict[str, float] = {}
+        self._confirmed = ConfirmMemory(CONFIRM_MEMORY_S)
         self._to_mark: list[int] = []
 
     async def accept(self, webhook: Webhook, headers: dict[str, str], deadline: float) -> Outcome:
@@ -261,12 +288,7 @@ class Acceptor:
             del self._publishes[row.event_id]
         if publish_error(future) is not None:
             return
-        now = time.monotonic()
-        self._confirmed[row.event_id] = now
-        # Oldest first: one expired confirm forgotten per new one keeps the memory bounded.
-        oldest = next(iter(self._confirmed))
-        if now - self._confirmed[oldest] >= CONFIRM_MEMORY_S:
-            del self._confirmed[oldest]
+        self._confirmed.remember(row.event_id, time.monotonic())
         if not self._to_mark:
             self._spawn(self._mark_published())
         self._to_mark.append(row.id)
