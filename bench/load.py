@@ -248,7 +248,17 @@ class ClientProcesses(Generic[R]):
         for process in self._processes:
             process.start()
 
-    def wait_started(self) -> None:
+    def wait_started(self, before: Callable[[], None] | None = None) -> None:
+        """Return when the measured phase begins; `before` runs once every process is done
+        with its warm-up and waits for it (ANALYZE, say)."""
+        if before is not None:
+            deadline = time.monotonic() + self._start_timeout_s
+            while self._barrier.n_waiting < len(self._processes):
+                if time.monotonic() > deadline or not all(p.is_alive() for p in self._processes):
+                    break  # the barrier's own timeout or a dead client's results say why
+                time.sleep(0.02)
+            else:
+                before()
         self._barrier.wait(timeout=self._start_timeout_s)
 
     def join(self) -> list[R]:
