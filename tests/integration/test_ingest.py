@@ -140,6 +140,33 @@ async def test_webhooks_arriving_a_few_ms_apart_at_an_idle_acceptor_share_one_ba
     assert await db.fetchval("SELECT count(*) FROM inbox") == 5
 
 
+async def test_a_batch_goes_without_waiting_out_gather_s_once_gather_enough_are_in(
+    aiohttp_client: Any, settings: Settings, db: Any, amqp: Any
+) -> None:
+    """A closed loop of clients sends its next requests together once answered: a batch goes
+    when gather_enough are waiting, not when the oldest has waited gather_s (30 s here)."""
+    config = AcceptorConfig(gather_s=30.0, gather_enough=4)
+    app = create_app(settings, acceptor_config=config)
+    client: TestClient = await aiohttp_client(app)
+    await app[BROKER].wait_connected(10)
+
+    async def post(event_id: str) -> int:
+        body, headers = delivery(payment_event(), SECRET, event_id=event_id)
+        async with client.post(URL, data=body, headers=headers) as response:
+            return response.status
+
+    started = time.monotonic()
+    statuses = await asyncio.wait_for(
+        asyncio.gather(*(post(f"evt_enough_{i}") for i in range(4))), timeout=10
+    )
+
+    assert statuses == [200] * 4
+    assert time.monotonic() - started < 10
+    metrics = await (await client.get("/metrics")).text()
+    assert _sample(metrics, "payhooks_ingest_batch_size_count") == 1
+    assert _sample(metrics, "payhooks_ingest_batch_size_sum") == 4
+
+
 def _sample(metrics_text: str, name: str) -> float:
     [line] = [line for line in metrics_text.splitlines() if line.startswith(name + " ")]
     return float(line.rpartition(" ")[2])
