@@ -188,22 +188,21 @@ def _payment_id(delivery: Delivery) -> str:
 
 async def _send_all(sender: Sender, emails: list[_Email]) -> dict[int, Exception]:
     """Send: a payment's emails in order, stopping at its first failure (a later one must not
-    arrive before it); payments concurrently. The failed and unsent ones, by index."""
-    by_payment: dict[str, list[_Email]] = {}
+    arrive before it); payments together, the first email of each, then the second of those
+    whose first went, and so on. The failed and unsent ones, by index."""
+    queues: dict[str, list[_Email]] = {}
     for email in emails:
-        by_payment.setdefault(email.claim.payment_id, []).append(email)
+        queues.setdefault(email.claim.payment_id, []).append(email)
     failed: dict[int, Exception] = {}
-
-    async def send_in_order(queue: list[_Email]) -> None:
-        for n, email in enumerate(queue):
-            try:
-                await sender.send(email.email)
-            except Exception as e:
-                for later in queue[n:]:
-                    failed[later.index] = e
-                return
-
-    await asyncio.gather(*(send_in_order(q) for q in by_payment.values()))
+    depth = 0
+    while turn := [queue for queue in queues.values() if depth < len(queue)]:
+        results = await sender.send_many([queue[depth].email for queue in turn])
+        for queue, error in zip(turn, results, strict=True):
+            if error is not None:
+                for later in queue[depth:]:
+                    failed[later.index] = error
+                del queues[queue[0].claim.payment_id]
+        depth += 1
     return failed
 
 

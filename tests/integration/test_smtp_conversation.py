@@ -25,6 +25,7 @@ class Scripted(asyncio.Protocol):
         self._buffer = b""
         self._in_data = False
         self._held: list[bytes] = []
+        self._rcpt_refused = False
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -42,6 +43,12 @@ class Scripted(asyncio.Protocol):
                 self._server.contents.append(self._buffer[: end + 2])
                 self._buffer = self._buffer[end + 5 :]
                 self._in_data = False
+                if self._buffer:  # the next commands came in the same read
+                    self._server.contents_followed_by_commands += 1
+                if len(self._server.contents) == self._server.hang_up_at_content:
+                    assert self._transport is not None
+                    self._transport.close()
+                    return
                 if not self._server.silent_after_content:
                     self._reply(b"250 queued")
                 continue
@@ -69,7 +76,10 @@ class Scripted(asyncio.Protocol):
             else:
                 self._reply(b"250 scripted")
         elif verb in (b"MAIL", b"RCPT"):
-            refused = verb == b"RCPT" and self._server.refuse_rcpt
+            refused = verb == b"RCPT" and (
+                self._server.refuse_rcpt or line[9:-1] in self._server.refused_recipients
+            )
+            self._rcpt_refused = refused or (verb == b"RCPT" and self._rcpt_refused)
             reply = b"550 no such user" if refused else b"250 OK"
             if self._server.hold_until_data:
                 self._held.append(reply)
@@ -79,12 +89,16 @@ class Scripted(asyncio.Protocol):
             for reply in self._held:
                 self._reply(reply)
             self._held.clear()
-            if self._server.refuse_rcpt:
+            if self._rcpt_refused:
                 self._reply(b"554 no valid recipients")
                 return
             self._in_data = True
             self._buffer = b"\r\n" + self._buffer  # the terminator's first CRLF
             self._reply(b"354 go on")
+        elif verb == b"RSET":
+            self._held.clear()
+            self._rcpt_refused = False
+            self._reply(b"250 reset")
         elif verb == b"QUIT":
             self._reply(b"221 bye")
         else:
@@ -109,9 +123,12 @@ class ScriptedServer:
         self.starttls = starttls
         self.hold_until_data = hold_until_data
         self.refuse_rcpt = refuse_rcpt
+        self.refused_recipients: set[bytes] = set()  # RCPT TO these: 550
+        self.hang_up_at_content: int | None = None  # closes on receiving the n-th content
         self.commands: list[bytes] = []
         self.contents: list[bytes] = []
         self.most_commands_in_one_read = 0
+        self.contents_followed_by_commands = 0
 
 
 Serve = Callable[[ScriptedServer], Awaitable[int]]
@@ -182,6 +199,74 @@ async def test_a_refused_recipient_in_a_pipelined_transaction_is_an_error(serve:
     with pytest.raises(SmtpUnavailableError, match="RCPT TO: 550 no such user"):
         await send(port, email("pay_5"))
     assert scripted.contents == []
+
+
+def emails_to(*recipients: str) -> list[OutgoingEmail]:
+    return [
+        OutgoingEmail(f"<pay_{r}@shop.example>", "payments@shop.example", r, b"Hi\r\n")
+        for r in recipients
+    ]
+
+
+async def send_many(port: int, emails: list[OutgoingEmail]) -> list[Exception | None]:
+    smtp = SmtpSender("127.0.0.1", port, connections=1, timeout_s=2.0)
+    try:
+        return await smtp.send_many(emails)
+    finally:
+        await smtp.close()
+
+
+async def test_emails_sent_together_go_each_content_with_the_next_envelope(
+    serve: Serve,
+) -> None:
+    # n emails in n + 1 round trips: the server never waits for a reply it already gave.
+    scripted = ScriptedServer(pipelining=True, hold_until_data=True)
+    port = await serve(scripted)
+
+    results = await send_many(port, emails_to("a@x.test", "b@x.test", "c@x.test"))
+
+    assert results == [None, None, None]
+    assert [c for c in scripted.commands if c.startswith(b"RCPT")] == [
+        b"RCPT TO:<a@x.test>",
+        b"RCPT TO:<b@x.test>",
+        b"RCPT TO:<c@x.test>",
+    ]
+    assert len(scripted.contents) == 3
+    assert scripted.contents_followed_by_commands == 2
+
+
+async def test_a_refused_recipient_fails_that_email_alone_and_the_next_ones_go(
+    serve: Serve,
+) -> None:
+    scripted = ScriptedServer(pipelining=True)
+    scripted.refused_recipients = {b"gone@x.test"}
+    port = await serve(scripted)
+
+    first, refused, last = await send_many(
+        port, emails_to("a@x.test", "gone@x.test", "c@x.test")
+    )
+
+    assert (first, last) == (None, None)
+    assert isinstance(refused, SmtpUnavailableError)
+    assert "RCPT TO: 550 no such user" in str(refused)
+    assert len(scripted.contents) == 2
+    assert b"RSET" in scripted.commands  # the half-open transaction ended before the next
+
+
+async def test_a_connection_lost_mid_run_fails_the_email_in_flight_and_the_later_ones(
+    serve: Serve,
+) -> None:
+    # The second email's content reached the server, its reply never came: unknown, so
+    # failed (retried with the same Message-ID); the third was never sent.
+    scripted = ScriptedServer(pipelining=True)
+    scripted.hang_up_at_content = 2
+    port = await serve(scripted)
+
+    results = await send_many(port, emails_to("a@x.test", "b@x.test", "c@x.test"))
+
+    assert results[0] is None
+    assert all(isinstance(r, SmtpUnavailableError) for r in results[1:])
+    assert len(scripted.contents) == 2
 
 
 async def test_bytes_after_the_starttls_reply_end_the_connection_before_tls(
