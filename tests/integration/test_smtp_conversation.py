@@ -242,9 +242,7 @@ async def test_a_refused_recipient_fails_that_email_alone_and_the_next_ones_go(
     scripted.refused_recipients = {b"gone@x.test"}
     port = await serve(scripted)
 
-    first, refused, last = await send_many(
-        port, emails_to("a@x.test", "gone@x.test", "c@x.test")
-    )
+    first, refused, last = await send_many(port, emails_to("a@x.test", "gone@x.test", "c@x.test"))
 
     assert (first, last) == (None, None)
     assert isinstance(refused, SmtpUnavailableError)
