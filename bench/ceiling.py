@@ -185,7 +185,7 @@ async def _marked(database_url: str, n: int) -> float:
             )
             if marked >= 2 * n:
                 return time.time()
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)
         raise TimeoutError("the hops did not get every payment through in 10 minutes")
     finally:
         await conn.close()

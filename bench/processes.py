@@ -4,6 +4,7 @@ environment, starting with a log file and stopping with SIGTERM."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -14,11 +15,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Ports for the servers a benchmark or a test starts: below the kernel's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 here), which bind(("", 0)) also draws from, so
+# neither another pick nor the outgoing connections of what already runs can take a port
+# between its choice and the server's bind; and above 25672, RabbitMQ's distribution port,
+# which must be free when a test starts a stopped RabbitMQ again. (Seen 2026-12-05: two
+# services of one `payhooks run all` given the same port by bind-to-0, the second failing to
+# bind for good.)
+_PORTS = range(26_000, 32_000)
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports nothing is bound to now, each held until all are found."""
+    held: list[socket.socket] = []
+    try:
+        while len(held) < n:
+            s = socket.socket()
+            try:
+                s.bind(("0.0.0.0", random.choice(_PORTS)))
+            except OSError:  # taken: another one
+                s.close()
+                continue
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def payhooks(*args: str) -> list[str]:

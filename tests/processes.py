@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.processes import free_port, free_ports
 from shared.config import Settings
 from tests.helpers import eventually
 
@@ -35,13 +35,6 @@ _REPO = Path(__file__).resolve().parent.parent
 _LOG_TAIL_CHARS = 4000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 RUN_ALL_PORTS = (
     "INGEST_PORT",
     "API_PORT",
@@ -55,7 +48,7 @@ RUN_ALL_PORTS = (
 def run_all_env(settings: Settings) -> tuple[dict[str, str], dict[str, int]]:
     """The environment for `payhooks run all` on the test's database and queue prefix, every
     service on a free port; and those ports."""
-    ports = {name: free_port() for name in RUN_ALL_PORTS}
+    ports = dict(zip(RUN_ALL_PORTS, free_ports(len(RUN_ALL_PORTS)), strict=True))
     env = {
         "PATH": os.environ.get("PATH", ""),
         "DATABASE_URL": settings.database_url,

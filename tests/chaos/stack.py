@@ -22,12 +22,13 @@ import asyncpg
 from aiosmtpd.controller import Controller
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.processes import free_ports
 from services.sim.api import PaymentBook, start_api
 from shared.config import Settings
 from shared.migrate import migrate
 from shared.topology import Topology, build_topology, delete
 from tests import dlx_guard
-from tests.processes import free_port, payhooks_command
+from tests.processes import payhooks_command
 from tests.proxy import TcpProxy, via
 
 SECRET = "chaos-secret"
@@ -106,10 +107,10 @@ class Stack:
             urlsplit(amqp_url).hostname or "127.0.0.1", urlsplit(amqp_url).port or 5672
         )
         self.smtp = SmtpCounter()
-        self.smtp_port = free_port()
+        self.smtp_port, *ports = free_ports(1 + len(SERVICES))
         self.smtp_proxy = TcpProxy("127.0.0.1", self.smtp_port)
         self.book = PaymentBook()
-        self.ports = {name: free_port() for name in SERVICES}
+        self.ports = dict(zip(SERVICES, ports, strict=True))
         self.topology: Topology = build_topology(
             self.prefix, Settings.from_env({"RETRY_DELAYS": RETRY_DELAYS}).retry_delays_s
         )

@@ -11,10 +11,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.processes import free_port
 from shared.config import Settings
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, eventually, payment_event
-from tests.processes import free_port, payhooks_command
+from tests.processes import payhooks_command
 
 
 @pytest.fixture

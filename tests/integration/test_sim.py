@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from bench.processes import free_port
 from services.reconciler.jobs import BATCH, reconcile_once
 from services.sim import run as sim_run
 from services.sim import scenario
@@ -32,7 +33,6 @@ from shared.xhub.signatures import verify
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import eventually
 from tests.integration.system import depths, dlqs, smtp_counts, start_system, system_settings
-from tests.processes import free_port
 from tests.proxy import TcpProxy
 
 API_KEY = "sim-provider-key"

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 
+from bench.processes import free_port
 from services.email.sender import SmtpSender, SmtpUnavailableError
 from services.email.templates import OutgoingEmail, render
 from shared.vocabulary import SUCCEEDED_EMAIL
-from tests.processes import free_port
 
 
 class Envelopes:

@@ -22,6 +22,7 @@ import trustme
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
+from bench.processes import free_port
 from services.email.app import create_app as email_app
 from services.email.sender import SmtpLoginError, SmtpSender, SmtpUnavailableError
 from services.email.template_files import default_templates, load_templates
@@ -40,7 +41,7 @@ from tests.integration.system import (
     register,
     start_system,
 )
-from tests.processes import free_port, payhooks_command
+from tests.processes import payhooks_command
 
 USERNAME = "shop-mailer"
 PASSWORD = "s3cret-smtp-password"
