@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 from aiosmtpd.controller import Controller
 
+from bench.processes import free_port
 from shared.config import Settings
 from shared.db import init_connection
 from shared.migrate import migrate
@@ -354,9 +355,7 @@ class SmtpSink:
 @contextlib.contextmanager
 def smtp_server(handler: Any) -> Iterator[int]:
     """A real SMTP server (aiosmtpd, its own thread) on a free loopback port: yields the port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    port = free_port()
     controller = Controller(handler, hostname="127.0.0.1", port=port)
     controller.start()
     try:
