@@ -209,37 +209,36 @@ async def _drive(amqp_url: str, database_url: str, n: int) -> tuple[float, float
         return started, await _marked(database_url, n)
 
 
-@dataclass(frozen=True, slots=True)
-class _HttpLoad:
-    """Webhooks over HTTP from bench.workers' load clients, to the stand-in for ingest."""
-
-    url: str
-    database_url: str
-    groups: dict[int, str]  # pid -> process group, for the CPU figures
-    concurrency: int
-    clients: int
-
-    def run(self, n: int, warmup: int) -> tuple[float, float, dict[str, float]]:
-        """(first 200, last payment through, CPU % by group from the load's start to the end;
-        the load clients and this process left out, as bench.workers leaves them out)."""
-        warm = make_deliveries(make_payments("ceil", "w", warmup), _SECRET)
-        measured = make_deliveries(make_payments("ceil", "m", n), _SECRET)
-        uvloop.run(warm_up(self.url, warm, self.concurrency))
-        uvloop.run(_marked(self.database_url, warmup))
-        load = Clients(self.url, measured, self.concurrency, 0, self.clients, max_seconds=600)
-        load.start()
-        try:
-            load.wait_started()
-            cpu = CpuGroups(self.groups, [*load.pids, os.getpid()], DATABASE)
-            before = cpu.snapshot()
-            done = uvloop.run(_marked(self.database_url, warmup + n))
-            pct = CpuGroups.pct(before, cpu.snapshot())
-            stamps = [t for _, stamped in load.join() for t in stamped.values()]
-        finally:
-            load.stop()
-        if len(stamps) != n:
-            raise RuntimeError(f"the stand-in for ingest accepted {len(stamps)} of {n}")
-        return min(stamps), done, pct
+def _drive_http(
+    url: str,
+    database_url: str,
+    groups: dict[int, str],
+    n: int,
+    warmup: int,
+    concurrency: int,
+    clients: int,
+) -> tuple[float, float, dict[str, float]]:
+    """N webhooks over HTTP from bench.workers' load clients after a warm-up: (first 200,
+    last payment through, CPU % by group meanwhile, the load clients and this process left
+    out as bench.workers leaves them out)."""
+    warm = make_deliveries(make_payments("ceil", "w", warmup), _SECRET)
+    measured = make_deliveries(make_payments("ceil", "m", n), _SECRET)
+    uvloop.run(warm_up(url, warm, concurrency))
+    uvloop.run(_marked(database_url, warmup))
+    load = Clients(url, measured, concurrency, 0, clients, max_seconds=600)
+    load.start()
+    try:
+        load.wait_started()
+        cpu = CpuGroups(groups, [*load.pids, os.getpid()], DATABASE)
+        before = cpu.snapshot()
+        done = uvloop.run(_marked(database_url, warmup + n))
+        pct = CpuGroups.pct(before, cpu.snapshot())
+        stamps = [t for _, stamped in load.join() for t in stamped.values()]
+    finally:
+        load.stop()
+    if len(stamps) != n:
+        raise RuntimeError(f"the stand-in for ingest accepted {len(stamps)} of {n}")
+    return min(stamps), done, pct
 
 
 async def _cleanup(amqp_url: str) -> None:
@@ -289,25 +288,24 @@ def measure(
     try:
         with own_vhost(amqp_url) as url, tempfile.TemporaryDirectory() as logs:
             asyncio.run(_psql_on(database_url, _TABLE))
-            asyncio.run(_psql_on(database_url, _ACCEPTED))
-            port = free_port()
-            for name in (*HOPS, *(["accept"] if accept else [])):
-                command = [sys.executable, "-m", "bench.ceiling", "--hop", name]
-                command += ["--amqp-url", url, "--database-url", database_url]
-                command += ["--batch", str(batch), "--prefetch", str(prefetch)]
-                command += ["--port", str(port)]
-                processes[name] = spawn(command, dict(os.environ), Path(logs) / f"{name}.log")
+            for name in HOPS:
+                processes[name] = _spawn(name, url, database_url, logs, batch, prefetch)
+            port = free_port() if accept else 0
+            if accept:
+                asyncio.run(_psql_on(database_url, _ACCEPTED))
+                processes["accept"] = _spawn("accept", url, database_url, logs, port=port)
             time.sleep(3.0)  # connected and consuming
             groups = {p.pid: name for name, p in processes.items()}
             if accept:
                 http = f"http://127.0.0.1:{port}/webhooks/xhub"
-                load = _HttpLoad(http, database_url, groups, concurrency, clients)
-                started, done, pct = load.run(n, warmup)
+                started, done, pct = _drive_http(
+                    http, database_url, groups, n, warmup, concurrency, clients
+                )
             else:
-                cpu_groups = CpuGroups(groups, [os.getpid()], DATABASE)
-                before = cpu_groups.snapshot()
+                cpu = CpuGroups(groups, [os.getpid()], DATABASE)
+                before = cpu.snapshot()
                 started, done = uvloop.run(_drive(url, database_url, n))
-                pct = CpuGroups.pct(before, cpu_groups.snapshot())
+                pct = CpuGroups.pct(before, cpu.snapshot())
             for process in processes.values():
                 terminate(process, timeout_s=5)
             with contextlib.suppress(Exception):
@@ -320,6 +318,22 @@ def measure(
     groups_shown = (*(["accept"] if accept else []), *HOPS, "postgres", "rabbitmq")
     cpu_us = {g: pct.get(g, 0.0) * wall / n * 10_000 for g in groups_shown}
     return Ceiling(n / wall, cpu_us, accept)
+
+
+def _spawn(
+    name: str,
+    amqp_url: str,
+    database_url: str,
+    logs: str,
+    batch: int = 0,
+    prefetch: int = 0,
+    port: int = 0,
+) -> subprocess.Popen[bytes]:
+    """A hop process (batch, prefetch) or the stand-in for ingest (port)."""
+    command = [sys.executable, "-m", "bench.ceiling", "--hop", name]
+    command += ["--amqp-url", amqp_url, "--database-url", database_url]
+    command += ["--batch", str(batch), "--prefetch", str(prefetch), "--port", str(port)]
+    return spawn(command, dict(os.environ), Path(logs) / f"{name}.log")
 
 
 def report(ceiling: Ceiling) -> None:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,12 @@ def free_ports(n: int) -> list[int]:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+def ports_for(names: Iterable[str]) -> dict[str, int]:
+    """A free port for each name, all distinct (free_ports)."""
+    names = list(names)
+    return dict(zip(names, free_ports(len(names)), strict=True))
 
 
 def payhooks(*args: str) -> list[str]:

@@ -73,7 +73,7 @@ from bench.observe import (
     worker_metrics,
 )
 from bench.payments import Effects, make_deliveries, make_payments, register, settled_effects
-from bench.processes import free_ports, migrate, service_env
+from bench.processes import migrate, ports_for, service_env
 from bench.profiler import Profiler
 from bench.services import PORT_VARIABLES, SERVICES, WORKERS, Service, stop_all, wait_ready
 from bench.smtp_sink import Sink, wait_for_emails
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> Result:
     secret = secrets.token_hex(16)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    ports = dict(zip(SERVICES, free_ports(len(SERVICES)), strict=True))
+    ports = ports_for(SERVICES)
     env = service_env(
         ("INGEST_", "XHUB_", "AMQP_", "SMTP_", "EMAIL_", "RETRY_", "BONUS"),
         database_url=args.database_url,

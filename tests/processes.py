@@ -19,7 +19,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.processes import free_port, free_ports
+from bench.processes import free_port, ports_for
 from shared.config import Settings
 from tests.helpers import eventually
 
@@ -48,7 +48,7 @@ RUN_ALL_PORTS = (
 def run_all_env(settings: Settings) -> tuple[dict[str, str], dict[str, int]]:
     """The environment for `payhooks run all` on the test's database and queue prefix, every
     service on a free port; and those ports."""
-    ports = dict(zip(RUN_ALL_PORTS, free_ports(len(RUN_ALL_PORTS)), strict=True))
+    ports = ports_for(RUN_ALL_PORTS)
     env = {
         "PATH": os.environ.get("PATH", ""),
         "DATABASE_URL": settings.database_url,

@@ -22,7 +22,7 @@ import asyncpg
 from aiosmtpd.controller import Controller
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.processes import free_ports
+from bench.processes import ports_for
 from services.sim.api import PaymentBook, start_api
 from shared.config import Settings
 from shared.migrate import migrate
@@ -107,10 +107,11 @@ class Stack:
             urlsplit(amqp_url).hostname or "127.0.0.1", urlsplit(amqp_url).port or 5672
         )
         self.smtp = SmtpCounter()
-        self.smtp_port, *ports = free_ports(1 + len(SERVICES))
+        ports = ports_for([*SERVICES, "smtp"])
+        self.smtp_port = ports.pop("smtp")
         self.smtp_proxy = TcpProxy("127.0.0.1", self.smtp_port)
         self.book = PaymentBook()
-        self.ports = dict(zip(SERVICES, ports, strict=True))
+        self.ports = ports
         self.topology: Topology = build_topology(
             self.prefix, Settings.from_env({"RETRY_DELAYS": RETRY_DELAYS}).retry_delays_s
         )

@@ -18,7 +18,7 @@ def test_ports_of_one_call_are_distinct_free_and_outside_the_ephemeral_range() -
     assert len(set(ports)) == 300
     low, high = _ephemeral_range()
     assert not [p for p in ports if low <= p <= high]
-    assert not [p for p in ports if p in (5432, 5672, 15672, 25672)]
+    assert min(ports) > 25672  # RabbitMQ's distribution port, and the services' below it
     for port in ports[:20]:  # each one a server can bind at once
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
