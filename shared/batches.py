@@ -26,6 +26,7 @@ class Delivery:
     routing_key: str
     body: bytes
     attempts: int
+    headers: Mapping[str, Any] = field(default_factory=dict)  # the message's, as received
 
 
 # What a batch handler answers for each delivery, in order: its outcome (`ok`,

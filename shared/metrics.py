@@ -20,6 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from shared.vocabulary import RECONCILE_CLASSES
 from shared.xhub import PROVIDER
 
 # No `*_created` series (process-wide): nothing reads them, and each counter and histogram
@@ -411,6 +412,7 @@ RECONCILE_RESULTS = (
     "not_found",
     "provider_error",
     "publish_failed",
+    "stale_answer",
 )
 
 
@@ -418,6 +420,11 @@ RECONCILE_RESULTS = (
 class ReconcilerMetrics:
     repairs: Counter
     checked: Counter
+    asked: Counter
+    due: Gauge
+    overdue: Gauge
+    budget: Gauge
+    interval: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
@@ -434,5 +441,34 @@ class ReconcilerMetrics:
                 registry,
                 "result",
                 RECONCILE_RESULTS,
+            ),
+            asked=_counter(
+                "payhooks_reconcile_asked",
+                "Orders the provider was asked about, by schedule class.",
+                registry,
+                "class",
+                RECONCILE_CLASSES,
+            ),
+            due=Gauge(
+                "payhooks_reconcile_due_orders",
+                "Orders due for a question to the provider, by schedule class.",
+                ["class"],
+                registry=registry,
+            ),
+            overdue=Gauge(
+                "payhooks_reconcile_overdue_seconds",
+                "How long the most overdue order of each schedule class has been due.",
+                ["class"],
+                registry=registry,
+            ),
+            budget=Gauge(
+                "payhooks_reconcile_budget_calls_per_second",
+                "The provider-call budget: the reconciler's rate limit on the provider's API.",
+                registry=registry,
+            ),
+            interval=Gauge(
+                "payhooks_reconcile_interval_seconds",
+                "RECONCILE_INTERVAL: a due order of undecided money is asked within two.",
+                registry=registry,
             ),
         )

@@ -45,6 +45,7 @@ class Reason(StrEnum):
     REFUND_FAILED = "refund_failed"
     REFUND_REJECTED = "refund_rejected"
     REVERSED_AT_PROVIDER = "reversed_at_provider"
+    REFUNDED_BEFORE_REVERSAL = "refunded_before_reversal"
 
 
 # Events the model cannot decide: the order stays as it is and the provider is asked (D11).
@@ -103,7 +104,7 @@ class OrderState:
 
     @classmethod
     def from_row(cls, row: Row) -> OrderState:
-        """From an `orders` row (shared/queries/orders.py: lock_orders, claim_stale_orders)."""
+        """From an `orders` row (lock_orders, or the reconciler's claim_due)."""
         return cls(
             status=OrderStatus(row["status"]),
             amount=row["amount"],
@@ -160,6 +161,8 @@ def _status_changed(state: OrderState, event: ProviderEvent) -> Decision:
     mismatch = target is S.AMOUNT_MISMATCH and status in CHECKED_STATUSES
     if target == state.status:
         return _unchanged(Reason.NO_STATE_CHANGE)
+    if _refund_before_reversal(state, event, target):
+        return _unchanged(Reason.REFUNDED_BEFORE_REVERSAL)
     if _reversed_at_provider(state, event, target):
         back = replace(state, status=target, refunded_amount=Decimal(0), refunded_at=None)
         return _moved(state, back, Reason.REVERSED_AT_PROVIDER)  # D11
@@ -225,6 +228,19 @@ def _reversed_at_provider(state: OrderState, event: ProviderEvent, target: Order
         and target in (S.PAID, S.SETTLED)
         and _after(event.occurred_at, state.refunded_at)
         and _after(event.checked_at, state.changed_at)
+    )
+
+
+def _refund_before_reversal(state: OrderState, event: ProviderEvent, target: OrderStatus) -> bool:
+    """The provider's answer says refunded about an order whose refund was reversed, and its
+    status dates from before our last change: it may be the reversed refund still showing
+    (whether a provider's status follows reversals is not in its contract), not a new one.
+    A refund after the reversal is believed (D11)."""
+    return (
+        event.checked_at is not None
+        and target is S.REFUNDED
+        and bool(state.reversed_refund_ids)
+        and not _after(event.occurred_at, state.changed_at)
     )
 
 

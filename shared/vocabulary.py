@@ -28,6 +28,12 @@ LAST_ERROR: Final = "error"
 REASON: Final = "reason"
 ORIGINAL_QUEUE: Final = "original_queue"
 REQUEUED: Final = "requeued"
+# The reconciler's synthetic events carry SOURCE = RECONCILIATION and CHECKED_AT (when the
+# provider's answer was sought); ingest never puts a header of a webhook on a message, so no
+# webhook can carry them (shared/messages.py: checked_at_of).
+SOURCE: Final = "source"
+RECONCILIATION: Final = "reconciliation"
+CHECKED_AT: Final = "checked_at"
 
 # `<queue>.dlq` holds a work queue's dead letters; `<dlq>.lock` is held by whoever reads it.
 DLQ_SUFFIX: Final = ".dlq"
@@ -36,3 +42,6 @@ LOCK_SUFFIX: Final = ".lock"
 # Customer emails, by template (the `emails.template` column).
 SUCCEEDED_EMAIL: Final = "payment_succeeded"
 REFUNDED_EMAIL: Final = "payment_refunded"
+
+# The reconciler's schedule classes, in the order they are asked (shared/queries/schedule.py).
+RECONCILE_CLASSES: Final = ("undecided", "money", "settlement", "recheck")

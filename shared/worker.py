@@ -295,6 +295,7 @@ def _delivery(message: AbstractIncomingMessage) -> Delivery:
         routing_key=message.routing_key or "",
         body=message.body,
         attempts=failures.attempts_of(message.headers or {}),
+        headers=message.headers or {},
     )
 
 

@@ -17,7 +17,7 @@ from services.orders.outbox import OutboxRelay
 from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch
 from shared.db import Executor
 from shared.errors import UnknownPaymentError
-from shared.messages import OrderTransition
+from shared.messages import OrderTransition, checked_at_of
 from shared.metrics import OrderMetrics
 from shared.order_machine import REFUND_FAILURES, UNDECIDED, OrderState, decide
 from shared.queries import orders as orders_sql
@@ -63,7 +63,7 @@ class _Batch:
             raise InvalidEventError("body is not JSON") from None
         if not isinstance(payload, dict):
             raise InvalidEventError("body is not a JSON object")
-        event = parse_event(payload)
+        event = parse_event(payload, checked_at=checked_at_of(delivery.headers))
         conn = step.conn
         row = self._rows.get(event.payment_id)
         if row is None:

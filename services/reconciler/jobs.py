@@ -1,6 +1,7 @@
-"""Reconciliation and housekeeping passes. Orders unresolved some time after their last change,
-or with an undecided event, are checked against the provider's API; where it knows more, a
-synthetic `payment.status_changed` goes through the orders queue like a webhook (D11)."""
+"""Reconciliation and housekeeping passes. Orders due by the schedule (every state, RECONCILE_AFTER
+after their last change, then at growing intervals; shared/queries/schedule.py) are checked
+against the provider's API; where it knows more, a synthetic `payment.status_changed` goes
+through the orders queue like a webhook (D11), marked as the reconciler's by its headers."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ import asyncpg
 import orjson
 import structlog
 
+from services.reconciler import schedule
 from shared.broker import Broker
 from shared.config import Settings
 from shared.errors import PermanentError, TransientError
+from shared.messages import reconciler_headers
 from shared.metrics import ReconcilerMetrics
-from shared.order_machine import OrderState, agrees, decide
+from shared.order_machine import OrderState, Reason, agrees, decide
 from shared.outgoing import Outgoing
 from shared.queries import orders as orders_sql
 from shared.queries import retention as retention_sql
+from shared.queries import schedule as schedule_sql
+from shared.queries.schedule import CLASS_NAMES, Timing
 from shared.xhub import PROVIDER, STATUS_CHANGED
 from shared.xhub.client import PaymentNotFoundError, ProviderAuthError, ProviderClient
 from shared.xhub.events import ProviderEvent, status_changed
@@ -27,23 +32,13 @@ from shared.xhub.payments import ProviderPayment
 
 log = structlog.get_logger(__name__)
 
-BATCH = 100
-# PAID orders are asked about too (SPEC 6: "PAID but never SETTLED"): a lost `settled` or
-# `refunded` webhook would otherwise stay lost, and a refunded payment keep its bonus. Every
-# captured payment is expected to settle, so every PAID order qualifies: first after
-# RECONCILE_AFTER like the others, then once a day. Undecided orders are asked every
-# RECONCILE_INTERVAL during their first day, then once a day too; nothing is asked about 30
-# days after its last change (the provider's delivery ceiling). Calls stay bounded for
-# payments that never settle or never resolve (abandoned carts the provider answers 404).
-SLOW_AGAIN_AFTER_S = 86_400.0
-HORIZON_S = 30 * 86_400.0
 _HOUSEKEEPING_BATCH = 1000
 _PUBLISH_TIMEOUT_S = 5.0
 
 
 def synthetic_event(payment: ProviderPayment, checked_at: datetime) -> tuple[str, bytes]:
-    """The event id and body of the provider's current status as a webhook would carry it,
-    with the time it was asked for (shared/order_machine.py, D11).
+    """The event id and body of the provider's current status as a webhook would carry it
+    (the time it was asked for travels in the message's headers: reconciler_headers).
 
     The id is deterministic for one question: published twice (a retry), the orders worker's
     processed_events key applies it once. A later question is a new event: the answer may
@@ -60,8 +55,6 @@ def synthetic_event(payment: ProviderPayment, checked_at: datetime) -> tuple[str
             format(payment.amount, "f"),
             payment.currency,
             at,
-            checked_at=asked,
-            source="reconciliation",
         )
     )
     return event_id, body
@@ -72,21 +65,16 @@ async def reconcile_once(
     broker: Broker,
     client: ProviderClient,
     metrics: ReconcilerMetrics,
-    *,
-    after_s: float,
-    again_after_s: float,
+    timing: Timing,
+    size: int | None = None,
 ) -> int:
-    """Check one batch of stale orders; return how many the provider was asked about (a full
-    batch means more may be waiting; fewer, that none are or the provider is failing)."""
-    rows = await orders_sql.claim_stale_orders(
-        pool,
-        after_s,
-        again_after_s,
-        BATCH,
-        slow_again_after_s=max(SLOW_AGAIN_AFTER_S, again_after_s),
-        horizon_s=HORIZON_S,
-    )
+    """Check one claim of due orders (`size`, by default a second of the provider's rate
+    limit); return how many the provider was asked about (a full claim means more may be
+    waiting; fewer, that none are or the provider is failing)."""
+    size = size or schedule.claim_size(client.policy.rate_per_s)
+    rows = await schedule.claim(pool, size, timing)
     for index, row in enumerate(rows):
+        metrics.asked.labels(**{"class": CLASS_NAMES[row["check_class"]]}).inc()
         payment_id = row["payment_id"]
         try:
             payment = await client.get_payment(payment_id)
@@ -99,7 +87,7 @@ async def reconcile_once(
             # order would only hammer it. The pass ends; the rest are due again next pass.
             metrics.checked.labels(result="provider_error").inc()
             log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
-            await orders_sql.reschedule_now(pool, [r["payment_id"] for r in rows[index:]])
+            await schedule_sql.reschedule_now(pool, [r["payment_id"] for r in rows[index:]])
             return index
         except PermanentError as e:  # an answer about this payment we cannot use
             metrics.checked.labels(result="provider_error").inc()
@@ -122,7 +110,10 @@ async def reconcile_once(
             continue
         decision = decide(state, event)
         if not decision.events:
-            if row["undecided_since"] is None:
+            if decision.reason is Reason.REFUNDED_BEFORE_REVERSAL:
+                metrics.checked.labels(result="stale_answer").inc()
+                log.info("reconcile.stale_answer", payment_id=payment_id, status=payment.status)
+            elif row["undecided_since"] is None:
                 metrics.checked.labels(result="in_sync").inc()
             elif agrees(state, event):
                 await orders_sql.clear_undecided(pool, payment_id, row["checked_at"])
@@ -146,7 +137,7 @@ async def reconcile_once(
                     body,
                     event_id,
                     STATUS_CHANGED,
-                    {"provider": PROVIDER, "source": "reconciliation"},
+                    {"provider": PROVIDER, **reconciler_headers(row["checked_at"])},
                 )
             ],
             _PUBLISH_TIMEOUT_S,
@@ -196,7 +187,8 @@ async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dic
 
 
 class Reconciler:
-    """The reconciler's passes: stale orders checked batch by batch, then housekeeping."""
+    """The reconciler's passes: due orders claim by claim until none is left, with the
+    housekeeping and the schedule's gauges once an interval in between."""
 
     def __init__(
         self,
@@ -207,29 +199,34 @@ class Reconciler:
         settings: Settings,
     ) -> None:
         self._pool, self._broker, self._client, self._metrics = pool, broker, client, metrics
-        self._after_s = settings.reconcile_after_s
-        self._interval_s = settings.reconcile_interval_s
+        self._timing = Timing(
+            after_s=settings.reconcile_after_s,
+            interval_s=settings.reconcile_interval_s,
+            horizon_s=settings.reconcile_horizon_s,
+        )
+        self._size = schedule.claim_size(client.policy.rate_per_s)
         self._retention_days = settings.retention_days
         self._swept = float("-inf")
+        metrics.budget.set(client.policy.rate_per_s)
+        metrics.interval.set(self._timing.interval_s)
 
     async def run_pass(self) -> None:
-        """Full batches mean more may be waiting; a pass still ends after one interval, so a
-        backlog bigger than the provider's rate limit can't starve housekeeping (once an
+        """Claims of a second's questions each, so that an order falling due waits about a
+        second behind what is in hand, whatever the backlog; the pass ends when a claim comes
+        back short (nothing more is due, or the provider is failing: then it waits an
         interval)."""
-        started = time.monotonic()
-        while (
-            await reconcile_once(
-                self._pool,
-                self._broker,
-                self._client,
-                self._metrics,
-                after_s=self._after_s,
-                again_after_s=self._interval_s,
+        while True:
+            if time.monotonic() - self._swept >= self._timing.interval_s:
+                self._swept = time.monotonic()
+                await self.observe_backlog()
+                await housekeeping_once(self._pool, self._retention_days)
+            asked = await reconcile_once(
+                self._pool, self._broker, self._client, self._metrics, self._timing, self._size
             )
-            == BATCH
-            and time.monotonic() - started < self._interval_s
-        ):
-            pass
-        if started - self._swept >= self._interval_s:
-            await housekeeping_once(self._pool, self._retention_days)
-            self._swept = started
+            if asked < self._size:
+                return
+
+    async def observe_backlog(self) -> None:
+        for name, due in (await schedule_sql.backlog(self._pool, self._timing)).items():
+            self._metrics.due.labels(**{"class": name}).set(due.due)
+            self._metrics.overdue.labels(**{"class": name}).set(due.overdue_s)

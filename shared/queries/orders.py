@@ -96,14 +96,17 @@ class OrderStateRow:
 
 
 async def save_order_states(conn: Executor, states: Sequence[OrderStateRow]) -> None:
-    """Save orders' states in one statement (one row per payment)."""
+    """Save orders' states in one statement (one row per payment). A changed order is due for
+    the reconciler RECONCILE_AFTER from now (shared/queries/schedule.py), unless it is flagged
+    undecided: then it stays due at once."""
     await conn.execute(
         "UPDATE orders o SET status = t.status, refunded_amount = t.refunded_amount,"
         " refunded_at = t.refunded_at,"
         " refund_ids = ARRAY(SELECT jsonb_array_elements_text(t.refund_ids::jsonb)),"
         " reversed_refund_ids ="
         " ARRAY(SELECT jsonb_array_elements_text(t.reversed_refund_ids::jsonb)),"
-        " updated_at = now()"
+        " updated_at = now(),"
+        " next_check_at = CASE WHEN o.undecided_since IS NULL THEN NULL ELSE o.next_check_at END"
         " FROM unnest($1::text[], $2::text[], $3::numeric[], $4::timestamptz[], $5::text[],"
         " $6::text[]) AS t(payment_id, status, refunded_amount, refunded_at, refund_ids,"
         " reversed_refund_ids)"
@@ -212,62 +215,6 @@ async def transitions_for_payments(
 
 async def transitions_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return (await transitions_for_payments(conn, [payment_id]))[payment_id]
-
-
-# Due: never asked and unchanged for `after` seconds, or past the next_check_at the last claim
-# set (an undecided order is due at once: its flag sets next_check_at to now). A claim sets
-# next_check_at `again` seconds ahead for undecided orders and for unsettled ones changed within
-# the last day, `slow_again` ahead otherwise (PAID and REFUNDED ones, old ones): bounded calls
-# for payments that never settle or never resolve. Nothing older than `horizon` (the provider's
-# 30-day retry ceiling) is asked about unless undecided. A PAID order that had a refund
-# reversed is left alone: whether the provider then says "paid" or still "refunded" is not in
-# its contract. `checked_at` (the claim's time) is when the provider's answer was sought.
-_CLAIM_STALE = """
-UPDATE orders SET
-    reconciled_at = now(),
-    next_check_at = now() + make_interval(secs => CASE
-        WHEN undecided_since > now() - interval '1 day' THEN $2::float8
-        WHEN status IN ('PAID', 'REFUNDED') OR updated_at < now() - interval '1 day' THEN $4::float8
-        ELSE $2::float8 END)
-WHERE payment_id IN (
-    SELECT payment_id FROM orders
-    WHERE (status IN ('PENDING', 'AMOUNT_MISMATCH', 'PAID', 'REFUNDED')
-           OR undecided_since IS NOT NULL)
-      AND ((next_check_at IS NULL AND updated_at < now() - make_interval(secs => $1))
-           OR next_check_at <= now())
-      AND (updated_at > now() - make_interval(secs => $5) OR undecided_since IS NOT NULL)
-      AND (status <> 'PAID' OR reversed_refund_ids = '{}' OR undecided_since IS NOT NULL)
-    ORDER BY next_check_at NULLS FIRST, updated_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED)
-RETURNING payment_id, status, amount, currency, refunded_amount, refunded_at, refund_ids,
-          reversed_refund_ids, updated_at, undecided_since, reconciled_at AS checked_at
-"""
-
-
-async def claim_stale_orders(
-    conn: Executor,
-    after_s: float,
-    again_after_s: float,
-    limit: int,
-    *,
-    slow_again_after_s: float,
-    horizon_s: float,
-) -> list[asyncpg.Record]:
-    """Orders due for a question to the provider (see _CLAIM_STALE), at most `limit`, due ones
-    first; rescheduled in the same statement, so other reconcilers skip them."""
-    return await conn.fetch(
-        _CLAIM_STALE, after_s, again_after_s, limit, slow_again_after_s, horizon_s
-    )
-
-
-async def reschedule_now(conn: Executor, payment_ids: Sequence[str]) -> None:
-    """Claimed orders the reconciler did not get to ask about (the provider was failing):
-    due again at the next pass."""
-    await conn.execute(
-        "UPDATE orders SET next_check_at = now() WHERE payment_id = ANY($1::text[])",
-        list(payment_ids),
-    )
 
 
 async def statuses(conn: Executor, payment_ids: Sequence[str]) -> dict[str, str]:

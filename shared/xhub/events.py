@@ -29,7 +29,9 @@ class ProviderEvent:
     currency: str | None = None
     occurred_at: datetime | None = None  # the payload's created_at
     refund_id: str | None = None
-    checked_at: datetime | None = None  # set: the provider's answer to GET /payments/:id (D11)
+    # Set only by the reconciler (its answer to GET /payments/:id was sought then, D11): from
+    # its message's headers, never from a body a webhook could carry (shared/messages.py).
+    checked_at: datetime | None = None
 
     def __post_init__(self) -> None:
         # A ProviderEvent that exists is complete enough for decide (D9).
@@ -54,8 +56,9 @@ class ProviderEvent:
 _AMOUNT = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
-def parse_event(payload: Mapping[str, Any]) -> ProviderEvent:
-    """The webhook JSON (SPEC section 3) as a ProviderEvent; InvalidEventError if it never fits."""
+def parse_event(payload: Mapping[str, Any], *, checked_at: datetime | None = None) -> ProviderEvent:
+    """The webhook JSON (SPEC section 3) as a ProviderEvent; InvalidEventError if it never fits.
+    `checked_at`: the reconciler's, from its message's headers (a body's is never read)."""
     status = _text(payload, "status")
     return ProviderEvent(
         event_type=_text(payload, "event") or "",
@@ -65,7 +68,7 @@ def parse_event(payload: Mapping[str, Any]) -> ProviderEvent:
         currency=_text(payload, "currency"),
         occurred_at=_time(payload.get("created_at")),
         refund_id=_text(payload, "refund_id"),
-        checked_at=_time(payload.get("checked_at")),
+        checked_at=checked_at,
     )
 
 

@@ -7,12 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import create_app
 from shared.config import Settings
 from shared.topology import Topology
 from tests.conftest import SmtpSink
+from tests.integration.provider import FakeProvider
 from tests.integration.system import System, start_system, system_settings
 
 
@@ -43,3 +45,15 @@ async def api_without_rabbitmq(
     settings = make_settings(AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/")
     client: TestClient = await aiohttp_client(create_app(settings))
     return client
+
+
+@pytest.fixture
+async def provider() -> Any:
+    fake = FakeProvider()
+    app = web.Application()
+    app.router.add_get("/payments/{payment_id}", fake.get)
+    server = TestServer(app)
+    await server.start_server()
+    fake.url = str(server.make_url(""))
+    yield fake
+    await server.close()

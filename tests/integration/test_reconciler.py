@@ -5,14 +5,12 @@ reconcilers do one repair."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
+from services.reconciler import schedule
 from services.reconciler.app import create_app as reconciler_service
 from services.reconciler.jobs import reconcile_once
 from shared.broker import Broker
@@ -20,11 +18,13 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.queries import orders as orders_sql
+from shared.queries.schedule import Timing
 from shared.topology import Topology
 from shared.web import REGISTRY
 from shared.xhub.client import ProviderClient, ProviderPolicy
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
+from tests.integration.provider import API_KEY, FakeProvider
 from tests.integration.system import (
     System,
     effects,
@@ -33,51 +33,8 @@ from tests.integration.system import (
     register,
 )
 
-API_KEY = "test-provider-key"
-
-
-class FakeProvider:
-    """The provider's payments API: statuses set by the test, failures on demand."""
-
-    def __init__(self) -> None:
-        self.url = ""  # the running server's, set by the fixture
-        self.payments: dict[str, dict[str, str]] = {}
-        self.failures: list[int] = []  # statuses to answer before the real one
-        self.hits = 0
-        self.asked: list[str] = []  # payment ids, once per request
-
-    async def get(self, request: web.Request) -> web.Response:
-        self.hits += 1
-        self.asked.append(request.match_info["payment_id"])
-        if request.headers.get("Authorization") != f"Bearer {API_KEY}":
-            return web.json_response({"error": "unauthorized"}, status=401)
-        if self.failures:
-            return web.json_response({"error": "boom"}, status=self.failures.pop(0))
-        payment = self.payments.get(request.match_info["payment_id"])
-        if payment is None:
-            return web.json_response({"error": "not found"}, status=404)
-        return web.json_response(payment)
-
-    def set(self, payment_id: str, status: str, amount: str = "100.00") -> None:
-        self.payments[payment_id] = {
-            "payment_id": payment_id,
-            "status": status,
-            "amount": amount,
-            "currency": "USD",
-            "updated_at": datetime.now(UTC).isoformat(),
-        }
-
-
-@pytest.fixture
-async def provider() -> Any:
-    fake = FakeProvider()
-    app = web.Application()
-    app.router.add_get("/payments/{payment_id}", fake.get)
-    server = TestServer(app)
-    await server.start_server()
-    fake.url = str(server.make_url(""))
-    yield fake
-    await server.close()
+# Due 1 ms after a change (tests backdate updated_at), again after a minute at the soonest.
+TIMING = Timing(after_s=0.001, interval_s=60, horizon_s=30 * 86_400)
 
 
 @pytest.fixture
@@ -98,8 +55,7 @@ async def reconciler(settings: Settings, topology: Topology, provider: Any) -> A
     metrics = ReconcilerMetrics.create(registry)
 
     async def run() -> int:
-        # Stale after 1 ms (tests backdate updated_at), asked about again after a minute.
-        return await reconcile_once(pool, broker, client, metrics, after_s=0.001, again_after_s=60)
+        return await reconcile_once(pool, broker, client, metrics, TIMING)
 
     run.registry = registry  # type: ignore[attr-defined]
     yield run
@@ -238,23 +194,29 @@ async def test_paid_order_whose_refund_webhook_was_lost_is_refunded_and_the_bonu
     assert repairs == 1
 
 
-async def test_due_orders_are_asked_about_and_rescheduled(
+async def test_orders_in_every_state_are_asked_about_and_rescheduled(
     db: Any, amqp: Any, topology: Topology, provider: FakeProvider, reconciler: Any
 ) -> None:
-    """Which orders a pass asks about, and when each is due again."""
+    """SPEC 6: every state is asked about after its last change, final ones included (a
+    SETTLED payment can still be refunded, a CANCELLED one paid), then at growing intervals
+    until the horizon."""
     for payment_id, status, changed, next_check, reversed_refunds in (
-        ("pay_new", "PENDING", "2 hours", None, []),  # never asked: due
-        ("pay_paid_new", "PAID", "2 hours", None, []),  # PAID but not settled: due
+        ("pay_new", "PENDING", "2 hours", None, []),  # never asked since its change: due
+        ("pay_paid_new", "PAID", "2 hours", None, []),  # waiting for settlement: due
         ("pay_paid_due", "PAID", "3 days", "-1 hour", []),  # due again
-        ("pay_paid_later", "PAID", "3 days", "23 hours", []),  # asked today: not yet
+        ("pay_paid_later", "PAID", "3 days", "23 hours", []),  # asked lately: not yet
         ("pay_paid_old", "PAID", "31 days", None, []),  # past the 30-day horizon
-        ("pay_paid_reversed", "PAID", "2 hours", None, ["r1"]),  # after a reversal: left
-        ("pay_settled", "SETTLED", "2 hours", None, []),  # settled: nothing to learn
+        ("pay_paid_reversed", "PAID", "2 hours", None, ["r1"]),  # a refund again is possible
+        ("pay_settled", "SETTLED", "2 hours", None, []),  # can still be refunded
+        ("pay_cancelled", "CANCELLED", "20 days", None, []),  # can still be paid
+        ("pay_refunded", "REFUNDED", "1 day", "-1 minute", []),  # can still be reversed
+        ("pay_done", "SETTLED", "40 days", "infinity", []),  # asked at the horizon: never again
     ):
         await register(db, payment_id, status=status)
         await db.execute(
             "UPDATE orders SET updated_at = now() - $2::text::interval,"
-            " next_check_at = now() + $3::text::interval, reversed_refund_ids = $4"
+            " next_check_at = CASE WHEN $3::text = 'infinity' THEN 'infinity'"
+            " ELSE now() + $3::text::interval END, reversed_refund_ids = $4"
             " WHERE payment_id = $1",
             payment_id,
             changed,
@@ -263,41 +225,103 @@ async def test_due_orders_are_asked_about_and_rescheduled(
         )
         provider.set(payment_id, status.lower())
 
-    assert await reconciler() == 3
-    assert sorted(provider.asked) == ["pay_new", "pay_paid_due", "pay_paid_new"]
-    # Undecided and fresh: again after RECONCILE_INTERVAL (60 s here); PAID: after a day.
+    assert await reconciler() == 7
+    assert sorted(provider.asked) == [
+        "pay_cancelled",
+        "pay_new",
+        "pay_paid_due",
+        "pay_paid_new",
+        "pay_paid_reversed",
+        "pay_refunded",
+        "pay_settled",
+    ]
     ahead = {
-        r["payment_id"]: r["ahead_s"]
+        r["payment_id"]: float(r["ahead_s"])
         for r in await db.fetch(
             "SELECT payment_id, extract(epoch FROM next_check_at - now()) AS ahead_s"
             " FROM orders WHERE payment_id = ANY($1::text[])",
-            ["pay_new", "pay_paid_new", "pay_paid_due"],
+            provider.asked,
         )
     }
-    assert 50 < ahead["pay_new"] <= 60
-    assert 86_000 < ahead["pay_paid_new"] <= 86_400
-    assert 86_000 < ahead["pay_paid_due"] <= 86_400
+    hour, day = 3_600, 86_400
+
+    def about(seconds: float) -> Any:
+        return pytest.approx(seconds, abs=10)
+
+    # Unpaid money: again after a quarter of its age (2 hours), at least RECONCILE_INTERVAL.
+    assert ahead["pay_new"] == about(0.5 * hour)
+    # Any other state: again after as long as it has been unchanged, within the horizon.
+    for payment_id in ("pay_paid_new", "pay_paid_reversed", "pay_settled"):
+        assert ahead[payment_id] == about(2 * hour)
+    assert ahead["pay_paid_due"] == about(3 * day)
+    assert ahead["pay_refunded"] == about(day)
+    assert ahead["pay_cancelled"] == about(10 * day)  # not 20: the horizon is day 30
     assert await reconciler() == 0  # nothing is due twice in a row
 
 
-async def test_orders_never_asked_come_before_ones_asked_again(db: Any) -> None:
-    """A backlog of orders that never resolve (re-asked every interval) can't starve a newly
-    stale one: it is claimed first."""
-    for i in range(5):
-        await register(db, f"pay_backlog_{i}")
-        await db.execute(
-            "UPDATE orders SET updated_at = now() - interval '3 hours',"
-            " next_check_at = now() - interval '1 minute' WHERE payment_id = $1",
-            f"pay_backlog_{i}",
-        )
-    await register(db, "pay_fresh")
-    await make_stale(db, "pay_fresh")
-
-    claimed = await orders_sql.claim_stale_orders(
-        db, 0.001, 60, 1, slow_again_after_s=86_400, horizon_s=30 * 86_400
+async def test_the_last_question_is_at_the_horizon(db: Any, reconciler: Any) -> None:
+    """An order rescheduled close to its horizon is asked there once more, then never."""
+    await register(db, "pay_horizon", status="SETTLED")
+    await db.execute(
+        "UPDATE orders SET updated_at = now() - interval '30 days 1 minute',"
+        " next_check_at = now() - interval '2 minutes' WHERE payment_id = 'pay_horizon'"
     )
 
-    assert [r["payment_id"] for r in claimed] == ["pay_fresh"]
+    assert await reconciler() == 1
+    assert await db.fetchval(
+        "SELECT next_check_at = 'infinity' FROM orders WHERE payment_id = 'pay_horizon'"
+    )
+
+
+async def claimed_in_order(db: Any, size: int) -> list[str]:
+    return [r["payment_id"] for r in await schedule.claim(db, size, TIMING)]
+
+
+async def backdate(db: Any, payment_id: str, status: str, changed: str, due: str | None) -> None:
+    """An order last changed `changed` ago, due `due` ago (None: never asked since)."""
+    await register(db, payment_id, status=status)
+    await db.execute(
+        "UPDATE orders SET updated_at = now() - $2::text::interval,"
+        " next_check_at = now() - $3::text::interval WHERE payment_id = $1",
+        payment_id,
+        changed,
+        due,
+    )
+
+
+async def test_undecided_money_is_asked_before_every_other_state(db: Any) -> None:
+    """SPEC 6: however many older orders are due, a flagged order, then PENDING and
+    AMOUNT_MISMATCH, come before settlement checks and rechecks; within a class the most
+    overdue first; the others keep a tenth of each claim."""
+    for i in range(20):
+        await backdate(db, f"pay_old_paid_{i}", "PAID", "20 days", None)
+        await backdate(db, f"pay_old_settled_{i}", "SETTLED", "20 days", "1 day")
+    await backdate(db, "pay_pending_late", "PENDING", "3 hours", "10 minutes")
+    await backdate(db, "pay_pending_later", "PENDING", "1 hour", "1 minute")
+    await backdate(db, "pay_mismatch", "AMOUNT_MISMATCH", "2 hours", None)
+    await register(db, "pay_flagged", status="REFUNDED")
+    await orders_sql.flag_undecided(db, "pay_flagged", "reversal_before_refund")
+
+    first = await claimed_in_order(db, 10)
+
+    # flagged, then the money class most overdue first (pay_mismatch was due 2 hours ago
+    # less 1 ms), then the rest of the nine tenths goes unused by money: settlement and
+    # rechecks follow, the oldest due first.
+    assert first[:4] == ["pay_flagged", "pay_mismatch", "pay_pending_late", "pay_pending_later"]
+    assert all(p.startswith("pay_old_paid_") for p in first[4:])
+    assert len(first) == 10
+
+
+async def test_a_flood_of_undecided_money_leaves_a_tenth_to_the_other_classes(db: Any) -> None:
+    for i in range(30):
+        await backdate(db, f"pay_cart_{i}", "PENDING", "3 hours", "1 minute")
+    for i in range(3):
+        await backdate(db, f"pay_to_settle_{i}", "PAID", "20 days", None)
+
+    claimed = await claimed_in_order(db, 20)
+
+    assert sum(p.startswith("pay_cart_") for p in claimed) == 18
+    assert sum(p.startswith("pay_to_settle_") for p in claimed) == 2
 
 
 async def test_a_failing_provider_ends_the_pass_and_the_rest_stay_due(

@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from bench.processes import free_port
-from services.reconciler.jobs import BATCH, reconcile_once
+from services.reconciler.jobs import reconcile_once
 from services.sim import run as sim_run
 from services.sim import scenario
 from services.sim.api import PaymentBook, start_api
@@ -27,6 +27,7 @@ from shared.console import EXIT_OK
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.queries import orders as orders_sql
+from shared.queries.schedule import Timing
 from shared.topology import Topology
 from shared.xhub.client import ProviderClient, ProviderPolicy
 from shared.xhub.signatures import verify
@@ -34,6 +35,9 @@ from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import eventually
 from tests.integration.system import depths, dlqs, smtp_counts, start_system, system_settings
 from tests.proxy import TcpProxy
+
+# Due after 1 ms (the orders are fresh), asked again after a minute, within 30 days.
+TIMING = Timing(after_s=0.001, interval_s=60, horizon_s=30 * 86_400)
 
 API_KEY = "sim-provider-key"
 # The run: 500 payments, duplicates, reordering, concurrency 20, 5 % lost webhooks.
@@ -135,11 +139,9 @@ async def test_simulated_traffic_ends_in_the_expected_state(
         metrics = ReconcilerMetrics.create(registry)
         checked = 0
         while True:  # lost (PENDING) orders first, PAID ones are asked about too
-            batch = await reconcile_once(
-                pool, broker, client, metrics, after_s=0.001, again_after_s=60
-            )
+            batch = await reconcile_once(pool, broker, client, metrics, TIMING, 100)
             checked += batch
-            if batch < BATCH:
+            if batch < 100:
                 break
         assert checked >= len(lost)
         every = [e.payment_id for e in summary.expectations]

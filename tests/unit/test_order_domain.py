@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from services.sim.summary import expected_final_status
 from shared.errors import PermanentError
+from shared.messages import InvalidMessageError, checked_at_of, reconciler_headers
 from shared.order_machine import (
     STATUS_TARGETS,
     TRANSITIONS,
@@ -603,16 +604,56 @@ def test_agrees_when_the_provider_status_is_the_orders_own(
     assert agrees(order(status), answer(said, AFTER, AFTER, amount)) is agreed
 
 
-def test_parse_event_reads_checked_at_of_the_reconcilers_answer() -> None:
-    event = parse_event(
-        {
-            "event": "payment.status_changed",
-            "payment_id": "p",
-            "status": "paid",
-            "amount": "1.00",
-            "currency": "USD",
-            "created_at": "2026-01-01T00:00:00Z",
-            "checked_at": "2026-01-01T00:00:05+00:00",
-        }
-    )
-    assert event.checked_at == datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+def test_a_body_never_makes_an_event_the_reconcilers_answer() -> None:
+    """W12: the reconciler's power is keyed on its message's headers; a webhook's body
+    carrying `checked_at` (signed and forwarded as received) is an ordinary webhook."""
+    body = {
+        "event": "payment.status_changed",
+        "payment_id": "p",
+        "status": "paid",
+        "amount": "1.00",
+        "currency": "USD",
+        "created_at": "2026-01-01T00:00:00Z",
+        "checked_at": "2026-01-01T00:00:05+00:00",
+        "source": "reconciliation",
+    }
+    assert parse_event(body).checked_at is None
+    asked = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    assert parse_event(body, checked_at=asked).checked_at == asked
+
+
+def test_only_the_reconcilers_headers_carry_a_checked_at() -> None:
+    asked = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    assert checked_at_of(reconciler_headers(asked)) == asked
+    assert checked_at_of({"provider": "xhub"}) is None
+    assert checked_at_of({"checked_at": asked.isoformat()}) is None  # without the source
+    with pytest.raises(InvalidMessageError):
+        checked_at_of({"source": "reconciliation", "checked_at": "yesterday"})
+
+
+# --- a refund after a reversal: the provider's "refunded" must be newer than our change ----
+
+REVERSED_AT = CHANGED_AT + timedelta(hours=1)  # when we took the order back to PAID
+
+
+def reversed_order() -> OrderState:
+    return replace(order(PAI), reversed_refund_ids=frozenset({"r1"}), changed_at=REVERSED_AT)
+
+
+def test_a_refund_after_the_reversal_refunds_the_order_again() -> None:
+    later = REVERSED_AT + timedelta(minutes=5)
+    decision = decide(reversed_order(), answer("refunded", later, checked_at=later))
+    assert [e.name for e in decision.events] == ["order.refunded"]
+
+
+def test_a_refunded_status_from_before_the_reversal_leaves_the_order_paid() -> None:
+    """A provider whose status still shows the reversed refund is no new refund."""
+    asked = REVERSED_AT + timedelta(minutes=10)
+    decision = decide(reversed_order(), answer("refunded", REVERSED_AT, checked_at=asked))
+    assert decision.reason is Reason.REFUNDED_BEFORE_REVERSAL
+    assert decision.new_state is None
+
+
+def test_a_webhook_refund_after_a_reversal_needs_no_time_proof() -> None:
+    decision = decide(reversed_order(), status_event("refunded"))
+    assert [e.name for e in decision.events] == ["order.refunded"]
