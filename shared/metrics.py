@@ -428,6 +428,14 @@ class ReconcilerMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
+        metrics = cls._families(registry)
+        for check_class in RECONCILE_CLASSES:  # a series each from the start, as counters have
+            metrics.due.labels(**{"class": check_class}).set(0)
+            metrics.overdue.labels(**{"class": check_class}).set(0)
+        return metrics
+
+    @classmethod
+    def _families(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
         return cls(
             repairs=Counter(
                 "payhooks_reconcile_repairs",

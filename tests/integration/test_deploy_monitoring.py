@@ -97,6 +97,9 @@ CONTRACT: dict[str, dict[str, Metric]] = {
     },
     "reconciler": {
         "payhooks_reconcile_repairs_total": Metric("counter", ("from", "to")),
+        "payhooks_reconcile_overdue_seconds": Metric("gauge", ("class",)),
+        "payhooks_reconcile_due_orders": Metric("gauge", ("class",)),
+        "payhooks_reconcile_interval_seconds": Metric("gauge"),
         "payhooks_provider_requests_total": Metric("counter", ("outcome",)),
     },
 }
@@ -106,6 +109,7 @@ METRICS: dict[str, Metric] = {
     name: metric for metrics in CONTRACT.values() for name, metric in metrics.items()
 }
 
+RECONCILE_CLASSES = frozenset(("undecided", "money", "settlement", "recheck"))
 _QUEUES = frozenset(
     ("orders", "bonuses", "emails", "unrouted", "orders.dlq", "bonuses.dlq", "emails.dlq")
 )
@@ -139,6 +143,8 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("payhooks_orders_undecided_events_total", "reason"): frozenset(
         ("reversal_before_refund", "amount_mismatch_ignored", "currency_mismatch")
     ),
+    ("payhooks_reconcile_overdue_seconds", "class"): RECONCILE_CLASSES,
+    ("payhooks_reconcile_due_orders", "class"): RECONCILE_CLASSES,
     ("payhooks_provider_requests_total", "outcome"): frozenset(
         (
             "ok",
