@@ -24,12 +24,13 @@ from aiohttp import web
 from yarl import URL
 
 from shared.alarms import BlockedError, is_blocked
+from shared.config_values import amqp_nodes
 from shared.errors import UnavailableError
 from shared.outgoing import Outgoing, properties
 from shared.publish_together import publish_error, publish_together, retrieve_exception
 from shared.tasks import cancel_and_wait
 from shared.topology import Topology, declare
-from shared.web import READINESS_CHECKS
+from shared.web import READINESS_CHECKS, SERVING
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,9 @@ _RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 _ATTEMPT_TIMEOUT_S = 20.0
 # Longer than aio-pika's own reconnect (every 5 s) and channel restore take after an outage.
 _STUCK_AFTER_S = 30.0
+# With a cluster's nodes to choose from, a node gone this long is given up for the next one
+# (aio-pika's own reconnect only ever tries the node it lost).
+NODE_LOST_AFTER_S = 3.0
 _CLOSE_S = 5.0  # a connection that does not close by then is left to the garbage collector
 _WATCH_INTERVAL_S = 2.0
 # How often a wait for confirms looks whether RabbitMQ has blocked the connection meanwhile.
@@ -56,7 +60,12 @@ class Broker:
     """Owns the connection, a publisher-confirms channel and the declared topology."""
 
     def __init__(self, url: str, topology: Topology) -> None:
-        self._url = url
+        # One node, or a cluster's nodes tried in turn (AMQP_URL): the next one after a failed
+        # attempt, and after losing the one in use (NODE_LOST_AFTER_S).
+        self._nodes = amqp_nodes(url)
+        self._node = 0  # the index of the node in use, or to try next
+        # Counts the connections made: a consumer on an older one consumes again at once.
+        self.generation = 0
         self.topology = topology
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractRobustChannel | None = None
@@ -81,9 +90,15 @@ class Broker:
                 unready_since = None
                 continue
             unready_since = unready_since or loop.time()
-            if loop.time() - unready_since < _STUCK_AFTER_S:
+            give_up_s = NODE_LOST_AFTER_S if len(self._nodes) > 1 else _STUCK_AFTER_S
+            if loop.time() - unready_since < give_up_s:
                 continue
-            log.error("broker.reconnecting_afresh", not_ready_s=round(loop.time() - unready_since))
+            self._node = (self._node + 1) % len(self._nodes)
+            log.error(
+                "broker.reconnecting_afresh",
+                not_ready_s=round(loop.time() - unready_since),
+                next_node=self.node,
+            )
             stale, self._connection, self._channel, self._exchange = (
                 self._connection,
                 None,
@@ -114,6 +129,12 @@ class Broker:
                 await asyncio.wait_for(self._connection.close(), _CLOSE_S)
             except Exception as e:  # shutting down: nothing left to do with it
                 log.warning("broker.close_failed", error=repr(e))
+
+    @property
+    def node(self) -> str:
+        """The node in use (or tried next), as host:port: never the URL's credentials."""
+        url = URL(self._nodes[self._node])
+        return f"{url.host}:{url.port or (5671 if url.scheme == 'amqps' else 5672)}"
 
     @property
     def channel(self) -> AbstractRobustChannel:
@@ -227,7 +248,7 @@ class Broker:
             # Built by hand rather than with connect_robust() so that a failure or a
             # cancellation half-way (shutdown during startup) can always close it: a robust
             # connection left open keeps reconnecting for ever.
-            connection = RobustConnection(URL(self._url))
+            connection = RobustConnection(URL(self._nodes[self._node]))
             try:
                 # One bound for the whole attempt: a broker going away half-way (stop_app while
                 # we declare) once left an attempt waiting for ever with no connection open.
@@ -248,9 +269,17 @@ class Broker:
                     raise
                 if _cancelling():  # our cancellation came back as an aio-pika error
                     raise asyncio.CancelledError from e
-                delay = _RECONNECT_BACKOFF_S[min(attempt, len(_RECONNECT_BACKOFF_S) - 1)]
+                failed_node = self.node
+                self._node = (self._node + 1) % len(self._nodes)
                 attempt += 1
-                log.warning("broker.connect_failed", error=repr(e), retry_in_s=delay)
+                # Every node of the list once without a pause, then the backoff per round.
+                delay = 0.0
+                if attempt % len(self._nodes) == 0:
+                    rounds = attempt // len(self._nodes)
+                    delay = _RECONNECT_BACKOFF_S[min(rounds - 1, len(_RECONNECT_BACKOFF_S) - 1)]
+                log.warning(
+                    "broker.connect_failed", node=failed_node, error=repr(e), retry_in_s=delay
+                )
                 await asyncio.sleep(delay)
                 continue
             if _cancelling():  # cancelled, but aio-pika swallowed it
@@ -259,8 +288,9 @@ class Broker:
                         await asyncio.shield(connection.close())
                 raise asyncio.CancelledError
             self._connection, self._channel, self._exchange = connection, channel, exchange
+            self.generation += 1
             self._connected.set()
-            log.info("broker.connected")
+            log.info("broker.connected", node=self.node)
             return
 
 
@@ -282,6 +312,7 @@ def broker_ctx(url: str, topology: Topology) -> Callable[[web.Application], Asyn
         app[BROKER] = broker
 
         async def rabbitmq() -> bool:
+            app[SERVING]["rabbitmq"] = broker.node
             return await broker.ping()
 
         async def rabbitmq_not_blocked() -> bool:

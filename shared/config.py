@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from shared.config_values import ca_file, directory, log_format, log_level, smtp_tls
+from shared.config_values import amqp_url, ca_file, directory, log_format, log_level, smtp_tls
 from shared.tokens import AdminToken, parse_admin_tokens, with_legacy
 
 T = TypeVar("T")
@@ -93,7 +93,7 @@ class Settings:
             "database_url": reader.text(
                 "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/payhooks"
             ),
-            "amqp_url": reader.text("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+            "amqp_url": reader.parse("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", amqp_url),
             "webhook_secrets": reader.parse("XHUB_WEBHOOK_SECRETS", _NO_SECRETS, _secrets),
             "timestamp_tolerance_s": reader.parse("XHUB_TIMESTAMP_TOLERANCE", 300, _positive_int),
             "max_body_bytes": reader.parse("INGEST_MAX_BODY", 262_144, _positive_int),

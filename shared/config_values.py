@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from urllib.parse import urlsplit
 
 LOG_FORMATS = ("json", "console")
 # SMTP_TLS: none (plain SMTP, today's local relays), starttls (upgrade, e.g. port 587) or
@@ -48,3 +49,22 @@ def log_level(raw: str) -> str:
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
     return level
+
+
+def amqp_nodes(raw: str) -> tuple[str, ...]:
+    """AMQP_URL's nodes: one `amqp://` (or `amqps://`) URL, or the URLs of one RabbitMQ
+    cluster's nodes separated by commas, tried in turn on connect and on every reconnect."""
+    nodes = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not nodes:
+        raise ValueError("must be an amqp:// URL, or several separated by commas")
+    for node in nodes:
+        parts = urlsplit(node)
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+            raise ValueError("must be amqp:// or amqps:// URLs with a host, separated by commas")
+    return nodes
+
+
+def amqp_url(raw: str) -> str:
+    """AMQP_URL as given, once each node in it is a URL (amqp_nodes)."""
+    amqp_nodes(raw)
+    return raw

@@ -11,6 +11,7 @@ import asyncpg
 from aio_pika.abc import AbstractChannel
 
 from shared.config import Settings
+from shared.config_values import amqp_nodes
 from shared.db import init_connection
 from shared.topology import Topology, build_topology
 
@@ -38,10 +39,15 @@ async def database(settings: Settings) -> AsyncIterator[asyncpg.Connection[Any]]
 
 @asynccontextmanager
 async def broker(settings: Settings) -> AsyncIterator[tuple[AbstractChannel, Topology]]:
-    try:
-        connection = await aio_pika.connect(settings.amqp_url, timeout=_TIMEOUT_S)
-    except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as e:
-        raise UnreachableError(f"cannot reach RabbitMQ: {e}") from None
+    connection, error = None, None
+    for node in amqp_nodes(settings.amqp_url):  # a cluster's nodes, in turn
+        try:
+            connection = await aio_pika.connect(node, timeout=_TIMEOUT_S)
+            break
+        except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as e:
+            error = e  # the last node's reason is the one shown
+    if connection is None:
+        raise UnreachableError(f"cannot reach RabbitMQ: {error}") from None
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         yield channel, build_topology(settings.amqp_prefix, settings.retry_delays_s)

@@ -18,6 +18,8 @@ from shared.tasks import cancel_and_wait
 log = structlog.get_logger(__name__)
 
 _START_TIMEOUT_S = 10.0
+# A cancel or close a live broker answers in milliseconds; a gone one never does.
+_STOP_TIMEOUT_S = 2.0
 _START_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 _WATCH_INTERVAL_S = 2.0
 # After the broker is ready again, how long the robust channel gets to restore the consumer.
@@ -42,6 +44,7 @@ class Consumer:
         self._consumer_tag: str | None = None
         self._consuming: aio_pika.abc.AbstractQueue | None = None
         self._task: asyncio.Task[None] | None = None
+        self._generation = 0  # the broker's connection this consumer consumes on
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"{self.name}-consumer")
@@ -51,14 +54,19 @@ class Consumer:
         if self._task is not None and not self._task.done():
             await cancel_and_wait(self._task)
         if self._consuming is not None and self._consumer_tag is not None:
+            # Bounded: on a robust channel whose connection is gone (the broker away, or a
+            # cluster node given up for another) the cancel waits for a reconnect that may
+            # never come, and the shutdown with it.
             with contextlib.suppress(Exception):
-                await self._consuming.cancel(self._consumer_tag)
+                async with asyncio.timeout(_STOP_TIMEOUT_S):
+                    await self._consuming.cancel(self._consumer_tag)
 
     async def close(self) -> None:
         """Close the channel: what is still unacknowledged goes back to the queue."""
         if self._channel is not None:
             with contextlib.suppress(Exception):
-                await self._channel.close()
+                async with asyncio.timeout(_STOP_TIMEOUT_S):
+                    await self._channel.close()
 
     async def _run(self) -> None:
         """Consume, then watch: the robust channel restores the consumer after an outage; if
@@ -79,7 +87,10 @@ class Consumer:
                 lost_since = None  # counted from when the broker is ready again
                 continue
             lost_since = lost_since or loop.time()
-            if loop.time() - lost_since >= _RECONSUME_AFTER_S:
+            # On a connection the broker has since replaced (another node of a cluster, or
+            # one that never recovered), the robust channel will never be restored.
+            replaced = self._generation != self._broker.generation
+            if replaced or loop.time() - lost_since >= _RECONSUME_AFTER_S:
                 log.error("worker.consuming_afresh", worker=self.name, queue=self._queue)
                 await self._drop_channel()
                 await self._consume_until_done()
@@ -111,6 +122,7 @@ class Consumer:
 
     async def _consume(self) -> None:
         async with asyncio.timeout(_START_TIMEOUT_S):
+            self._generation = self._broker.generation
             channel = await self._broker.connection.channel()
             self._channel = channel
             await channel.set_qos(prefetch_count=self._prefetch)

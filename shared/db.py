@@ -14,7 +14,7 @@ from aiohttp import web
 from asyncpg.pool import PoolConnectionProxy
 
 from shared.migrate import load_migrations
-from shared.web import READINESS_CHECKS
+from shared.web import READINESS_CHECKS, SERVING
 
 # Every statement on the request path must finish well inside the provider's 10 s budget.
 CONNECT_TIMEOUT_S = 3.0
@@ -117,7 +117,12 @@ def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], Asy
             app[DB_POOL] = pool
 
             async def database() -> bool:
-                return bool(await pool.fetchval("SELECT 1"))
+                server = await pool.fetchval(
+                    "SELECT coalesce(host(inet_server_addr()) || ':' || inet_server_port(),"
+                    " 'local socket')"
+                )
+                app[SERVING]["postgresql"] = server
+                return bool(server)
 
             async def schema() -> bool:
                 # Not ready on an older schema: a pod started (or upgraded) before its

@@ -14,6 +14,10 @@ ReadinessCheck = Callable[[], Awaitable[bool]]
 
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 READINESS_CHECKS = web.AppKey("readiness_checks", list[ReadinessCheck])
+# Which server of each dependency the service is on ("rabbitmq": "host:port", "postgresql":
+# ...), written by the readiness checks as they run; /readyz shows it (a cluster's node, the
+# primary after a failover).
+SERVING = web.AppKey("serving", dict[str, str])
 
 _READINESS_TIMEOUT_S = 2.0
 
@@ -32,9 +36,12 @@ async def readyz(request: web.Request) -> web.Response:
             ok = False
         if not ok:
             failing.append(getattr(check, "__name__", "check"))
+    serving = dict(sorted(request.app[SERVING].items()))
     if failing:
-        return web.json_response({"status": "unavailable", "failing": failing}, status=503)
-    return web.json_response({"status": "ready"})
+        return web.json_response(
+            {"status": "unavailable", "failing": failing, "serving": serving}, status=503
+        )
+    return web.json_response({"status": "ready", "serving": serving})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -54,6 +61,7 @@ def base_app(
     )
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []
+    app[SERVING] = {}
     http_limits.install(app, registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

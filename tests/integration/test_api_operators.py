@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import orjson
@@ -21,7 +22,7 @@ from shared.config import Settings
 from shared.topology import Topology, WorkQueue
 from shared.vocabulary import ORIGINAL_QUEUE
 from shared.web import REGISTRY
-from tests.conftest import TEST_AMQP_URL, SmtpSink
+from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
     System,
@@ -169,7 +170,14 @@ async def test_every_operator_route_refuses_a_missing_or_wrong_token_and_changes
 async def test_health_readiness_and_metrics_need_no_token(api: TestClient) -> None:
     assert await answer(await api.get("/healthz")) == (200, {"status": "ok"})
     ready = await eventually(lambda: api.get("/readyz"), lambda r: r.status == 200)
-    assert await ready.json() == {"status": "ready"}
+    # And which server of each dependency it is on (a cluster's node, the primary).
+    body = await ready.json()
+    assert body["status"] == "ready"
+    ports = {name: server.rpartition(":")[2] for name, server in body["serving"].items()}
+    assert ports == {
+        "postgresql": str(urlsplit(TEST_DATABASE_URL).port or 5432),
+        "rabbitmq": str(urlsplit(TEST_AMQP_URL).port or 5672),
+    }
     metrics = await api.get("/metrics")
     assert metrics.status == 200
     assert "payhooks_queue_messages" in await metrics.text()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared.config import ConfigError, Settings, is_set
+from shared.config_values import amqp_nodes
 
 SECRET_LOOKING = "sk_live_9f8e7d6c5b4a3210DONOTLEAK"
 
@@ -267,7 +268,6 @@ def test_settings_are_frozen() -> None:
         ("ADMIN_TOKEN", "admin_token", "new,old"),
         ("XHUB_API_KEY", "xhub_api_key", "new,old"),
         ("DATABASE_URL", "database_url", "new,old"),
-        ("AMQP_URL", "amqp_url", "new,old"),
     ],
 )
 def test_a_secret_is_read_from_the_file_its_file_variable_names(
@@ -279,6 +279,37 @@ def test_a_secret_is_read_from_the_file_its_file_variable_names(
     settings = Settings.from_env({f"{name}_FILE": str(secret)})
 
     assert getattr(settings, attribute) == expected
+
+
+def test_the_broker_url_is_read_from_a_file_too(tmp_path: Path) -> None:
+    secret = tmp_path / "amqp"
+    secret.write_text("amqp://u:p@mq1/,amqp://u:p@mq2/\n")
+
+    settings = Settings.from_env({"AMQP_URL_FILE": str(secret)})
+
+    assert settings.amqp_url == "amqp://u:p@mq1/,amqp://u:p@mq2/"
+
+
+@pytest.mark.parametrize(
+    ("raw", "nodes"),
+    [
+        ("amqp://guest:guest@127.0.0.1:5672/", ("amqp://guest:guest@127.0.0.1:5672/",)),
+        (
+            "amqp://u:p@mq1:5672/v, amqps://u:p@mq2:5671/v,amqp://u:p@mq3/v",
+            ("amqp://u:p@mq1:5672/v", "amqps://u:p@mq2:5671/v", "amqp://u:p@mq3/v"),
+        ),
+    ],
+)
+def test_amqp_url_names_one_node_or_a_clusters_nodes(raw: str, nodes: tuple[str, ...]) -> None:
+    assert amqp_nodes(raw) == nodes
+    assert Settings.from_env({"AMQP_URL": raw}).amqp_url == raw
+
+
+@pytest.mark.parametrize("raw", ["mq1:5672", "amqp://u:p@mq1/,http://mq2/", "amqp:///v"])
+def test_an_amqp_url_that_is_not_a_list_of_node_urls_is_named(raw: str) -> None:
+    error = config_error({"AMQP_URL": raw})
+    assert "AMQP_URL" in error
+    assert raw not in error  # it may hold a password
 
 
 def test_smtp_password_is_read_from_a_file_too(tmp_path: Path) -> None:

@@ -1,0 +1,94 @@
+"""AMQP_URL naming a RabbitMQ cluster's nodes (SPEC 2): tried in turn on connect and on every
+reconnect. Two proxies to the test broker stand for two nodes of a cluster (the queues are one
+broker's, as a cluster's quorum queues are reachable from any node); cutting one is losing a
+node. A real three-node cluster is the chaos harness's business."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from shared.broker import NODE_LOST_AFTER_S, Broker
+from shared.topology import Topology
+from tests.conftest import SmtpSink
+from tests.helpers import eventually, payment_event
+from tests.integration.system import (
+    EMAIL_FROM,
+    System,
+    effects,
+    post,
+    register,
+    start_system,
+    system_settings,
+)
+from tests.proxy import TcpProxy, proxy_to, via
+
+
+@pytest.fixture
+async def nodes(settings: Any) -> AsyncIterator[tuple[TcpProxy, TcpProxy]]:
+    first = await proxy_to(settings.amqp_url, 5672)
+    second = await proxy_to(settings.amqp_url, 5672)
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_node_that_is_down_is_skipped_for_the_next(
+    settings: Any, topology: Topology, nodes: tuple[TcpProxy, TcpProxy]
+) -> None:
+    down, up = nodes
+    down.cut()
+    broker = Broker(f"{via(settings.amqp_url, down)},{via(settings.amqp_url, up)}", topology)
+    started = time.monotonic()
+    await broker.start()
+    try:
+        await broker.wait_connected(10)
+        assert time.monotonic() - started < 3  # no backoff before the second node is tried
+        assert broker.node == up.address
+        assert await broker.ping()
+    finally:
+        await broker.close()
+
+
+async def test_services_follow_the_cluster_when_the_node_they_are_on_is_lost(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    nodes: tuple[TcpProxy, TcpProxy],  # closed before the services stop: they stop all the same
+) -> None:
+    """Ingest, orders, bonuses and email on node A; A is lost; every one of them goes on with
+    node B within seconds, without a restart, and a payment paid after the loss gets its
+    effects once."""
+    first, second = nodes
+    url = system_settings(make_settings, smtp[1]).amqp_url
+    settings = make_settings(
+        SMTP_PORT=str(smtp[1]),
+        EMAIL_FROM=EMAIL_FROM,
+        AMQP_URL=f"{via(url, first)},{via(url, second)}",
+    )
+    system: System = await start_system(aiohttp_client, settings, amqp, topology)
+    done = {"status": "PAID", "bonus": 500, "ledger": ["grant"], "emails": ["payment_succeeded"]}
+    await register(db, "pay_before_loss")
+    await post(system.ingest, payment_event("pay_before_loss"))
+    await eventually(lambda: effects(db, "pay_before_loss"), lambda e: e == done)
+
+    first.cut()  # node A is gone (and stays gone)
+    await register(db, "pay_after_loss")
+    await post(system.ingest, payment_event("pay_after_loss"))  # 503s retried, as X-Hub would
+
+    got = await eventually(
+        lambda: effects(db, "pay_after_loss"), lambda e: e == done, timeout_s=NODE_LOST_AFTER_S + 20
+    )
+    assert got == done
+    for name, clients in system.clients.items():
+        ready = await clients[0].get("/readyz")
+        body = await ready.json()
+        assert body["serving"]["rabbitmq"] == second.address, name
