@@ -173,6 +173,7 @@ async def _check(
         )
     except UnreachableError as e:
         dead_letters = str(e)
+    counts = summary.counts()
     _out("")
     table(
         ["outcome", "value"],
@@ -183,8 +184,8 @@ async def _check(
             ["emails", ", ".join(f"{k} {v}" for k, v in sorted(emails.items())) or "0"],
             [
                 "lost webhooks",
-                f"{summary.counts().get('LOST', 0)} ({summary.counts()['needs_repair']} payments"
-                " left behind the provider, the rest covered by a later webhook)",
+                f"{counts.get('LOST', 0)} ({counts['needs_repair']} payments left for"
+                " the reconciler)",
             ],
             ["repairs", f"{repairs} transitions made by the reconciler (lost webhooks)"],
             ["dead letters", dead_letters],

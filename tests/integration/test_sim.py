@@ -262,7 +262,7 @@ async def test_sim_command_checks_every_payment_and_prints_the_outcome_table(
         if line.strip()
     )
     assert table["payments"] == "12 (12 as expected)"
-    assert table["lost webhooks"].startswith("0 (0 payments left behind the provider")
+    assert table["lost webhooks"] == "0 (0 payments left for the reconciler)"
     assert table["repairs"].startswith("0 transitions")
     assert table["dead letters"] == "orders.dlq 0, bonuses.dlq 0, emails.dlq 0"
     # The table counts emails sent; a success email its refund overtook is recorded, skipped.
