@@ -64,6 +64,8 @@ async def receive_webhook(request: web.Request) -> web.Response:
     fields: dict[str, object] = {}
     if answer.reason:
         fields["reason"] = answer.reason
+    if answer.status in (400, 413):  # X-Hub drops a non-money event answered 4xx: say why
+        fields["error"] = answer.payload["error"]
     if (signed := answer.signed) is not None:
         metrics.signed_with(signed.secret_index).inc()
         fields["secret_index"] = signed.secret_index

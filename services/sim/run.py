@@ -43,11 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--payments", type=int, default=100)
     parser.add_argument("--duplicates", type=float, default=0.1, help="duplicate rate 0-1")
     parser.add_argument("--reorder", type=float, default=0.2, help="reorder rate 0-1")
-    parser.add_argument("--lost", type=float, default=0.05, help="lost-webhook rate 0-1")
+    parser.add_argument(
+        "--lost", type=float, default=0.05, help="share of webhooks never sent, 0-1 (any of them)"
+    )
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--merchants", type=int, default=3)
     parser.add_argument(
-        "--flows", type=_flows, default=None, help="weights, e.g. paid=2,settled=1,refunded=1"
+        "--flows",
+        type=_flows,
+        default=None,
+        help=f"weights of {', '.join(scenario.FLOWS)} (default 1 each), e.g. paid=2,settled=1",
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--time-scale", type=float, default=1.0, help="divides every delay")
@@ -168,6 +173,7 @@ async def _check(
         )
     except UnreachableError as e:
         dead_letters = str(e)
+    counts = summary.counts()
     _out("")
     table(
         ["outcome", "value"],
@@ -176,6 +182,11 @@ async def _check(
             ["final states", ", ".join(f"{k} {v}" for k, v in states.items())],
             ["bonus points", f"{points:,} net"],
             ["emails", ", ".join(f"{k} {v}" for k, v in sorted(emails.items())) or "0"],
+            [
+                "lost webhooks",
+                f"{counts.get('LOST', 0)} ({counts['needs_repair']} payments left for"
+                " the reconciler)",
+            ],
             ["repairs", f"{repairs} transitions made by the reconciler (lost webhooks)"],
             ["dead letters", dead_letters],
         ],

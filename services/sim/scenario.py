@@ -1,13 +1,21 @@
 """The simulator's scenario: N payments with a mix of flows (FLOWS), sent as X-Hub would, with
-duplicates (same X-Webhook-Id, later), reordering (newest first) and lost payments (only the
-API knows them: reconciliation must bring the order there)."""
+duplicates (same X-Webhook-Id, later), reordering (newest first) and lost webhooks (never sent:
+only the payments API knows the status they carried).
+
+Which losses matter: the provider's API answers only a payment's current status (its flow's
+last one). A lost webhook that a later one covers (the `paid` before a `settled`, the `settled`
+before a `refunded`, the `expired` before a `paid`) changes nothing: the order machine reaches
+the same state without it. A lost last webhook leaves the order behind the provider, and only
+the reconciler, asking for the current status, brings it there. The flows hold nothing a
+current status cannot show (a refund later reversed, a partial refund), so every loss here is
+either harmless or repairable."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Final
@@ -23,6 +31,8 @@ FLOWS: Final[Mapping[str, tuple[str, ...]]] = {
     "settled": ("paid", "settled"),
     "refunded": ("paid", "refunded"),
     "expired": ("expired",),
+    "settled_refunded": ("paid", "settled", "refunded"),  # a refund after settlement
+    "expired_paid": ("expired", "paid"),  # paid after all (CANCELLED -> PAID)
 }
 
 
@@ -32,7 +42,7 @@ class ScenarioConfig:
     flows: Mapping[str, float] = field(default_factory=lambda: dict.fromkeys(FLOWS, 1.0))
     duplicate_rate: float = 0.1
     reorder_rate: float = 0.2
-    lost_rate: float = 0.05
+    lost_rate: float = 0.05  # share of all webhooks never sent (exactly, rounded)
     concurrency: int = 10
     merchants: int = 3
     amount: Decimal = Decimal("100.00")
@@ -63,12 +73,30 @@ class SimPayment:
     flow: str
     statuses: tuple[str, ...]  # in provider time order
     events: tuple[SimWebhook, ...]  # one per status, same order
-    lost: bool
-    reordered: bool
+    lost_ids: frozenset[str]  # event ids never sent
+    reordered: bool  # sent newest first
 
     @property
     def final_status(self) -> str:
         return self.statuses[-1]
+
+    @property
+    def lost(self) -> bool:
+        """Some webhook of this payment is never sent."""
+        return bool(self.lost_ids)
+
+    @property
+    def sent_events(self) -> tuple[SimWebhook, ...]:
+        """The events sent at least once, in provider time order."""
+        return tuple(w for w in self.events if w.event_id not in self.lost_ids)
+
+    @property
+    def lost_events(self) -> tuple[SimWebhook, ...]:
+        return tuple(w for w in self.events if w.event_id in self.lost_ids)
+
+    @property
+    def sent_statuses(self) -> tuple[str, ...]:
+        return tuple(str(w.status) for w in self.sent_events)
 
     @property
     def updated_at(self) -> datetime:
@@ -88,8 +116,7 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
     start = now or datetime.now(UTC)
     names = [name for name, weight in config.flows.items() if weight > 0]
     weights = [config.flows[name] for name in names]
-    payments: list[SimPayment] = []
-    streams: list[list[SimWebhook]] = []
+    drafts: list[SimPayment] = []
     for n in range(config.payments):
         flow = rng.choices(names, weights)[0]
         payment_id = f"{config.prefix}_{run}_{n:05d}"
@@ -110,9 +137,7 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
             )
             for i, status in enumerate(statuses)
         )
-        lost = rng.random() < config.lost_rate
-        reordered = len(events) > 1 and rng.random() < config.reorder_rate
-        payments.append(
+        drafts.append(
             SimPayment(
                 payment_id=payment_id,
                 order_id=f"ord_{payment_id}",
@@ -124,14 +149,22 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
                 flow=flow,
                 statuses=statuses,
                 events=events,
-                lost=lost,
-                reordered=reordered,
+                lost_ids=frozenset(),
+                reordered=len(events) > 1 and rng.random() < config.reorder_rate,
             )
         )
-        if not lost:
-            streams.append(list(reversed(events)) if reordered else list(events))
+    lost = _lost(rng, [w.event_id for p in drafts for w in p.events], config)
+    payments = [replace(p, lost_ids=frozenset(w.event_id for w in p.events) & lost) for p in drafts]
+    streams = [
+        list(reversed(p.sent_events)) if p.reordered else list(p.sent_events) for p in payments
+    ]
     sends = _interleave(rng, streams)
     return Plan(payments=tuple(payments), sends=_with_duplicates(rng, sends, config))
+
+
+def _lost(rng: random.Random, event_ids: list[str], config: ScenarioConfig) -> frozenset[str]:
+    """`lost_rate` of all the events, picked at random whatever their payment or position."""
+    return frozenset(rng.sample(event_ids, round(config.lost_rate * len(event_ids))))
 
 
 def _interleave(rng: random.Random, streams: list[list[SimWebhook]]) -> list[SimWebhook]:
@@ -191,13 +224,14 @@ async def register_orders(db: Executor, payments: Sequence[SimPayment]) -> int:
 
 async def deliver(plan: Plan, deliverer: Deliverer) -> list[DeliveryRecord]:
     """Send every planned delivery (at most the deliverer's concurrency in flight) and wait
-    for each to end; lost payments' events are listed as LOST with no attempt."""
+    for each to end; lost webhooks are listed as LOST with no attempt."""
     tasks = [asyncio.create_task(deliverer.deliver(w, copy)) for w, copy in plan.sends]
-    records = list(await asyncio.gather(*tasks))
-    for p in plan.payments:
-        if p.lost:
-            records.extend(lost_record(w) for w in p.events)
-    return records
+    return [*await asyncio.gather(*tasks), *lost_records(plan)]
+
+
+def lost_records(plan: Plan) -> list[DeliveryRecord]:
+    """The records of the webhooks the provider never sends (the lost ones)."""
+    return [lost_record(w) for p in plan.payments for w in p.lost_events]
 
 
 def lost_record(webhook: SimWebhook) -> DeliveryRecord:

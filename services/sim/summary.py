@@ -1,6 +1,7 @@
 """The simulator's summary: what happened to each delivery, what payhooks should end with per
-payment (status, bonus, emails; an email that depends on arrival order is optional), and
-where a payment's ledger and emails tell different stories."""
+payment (status, bonus, emails; an email that depends on arrival order is optional), which
+payments only the reconciler can bring there (their last webhook lost), and where a payment's
+ledger and emails tell different stories."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ _EARNING: Final = frozenset({OrderStatus.PAID, OrderStatus.SETTLED})
 class Expectation:
     payment_id: str
     flow: str
-    lost: bool
+    lost: int  # webhooks never sent
+    needs_repair: bool  # the webhooks sent fall short of `status`: only the reconciler gets there
     reordered: bool
     status: OrderStatus
     bonus: int
@@ -38,6 +40,7 @@ class Expectation:
             "payment_id": self.payment_id,
             "flow": self.flow,
             "lost": self.lost,
+            "needs_repair": self.needs_repair,
             "reordered": self.reordered,
             "status": self.status.value,
             "bonus": self.bonus,
@@ -50,21 +53,32 @@ def expect(payment: SimPayment, bonus_points: int = BONUS_POINTS) -> Expectation
     """The final status over all of the payment's statuses (the provider's API holds the last
     one: a lost or FAILED delivery is still reached by reconciliation); the bonus while
     PAID/SETTLED; payment_succeeded for PAID/SETTLED, payment_refunded for REFUNDED plus an
-    optional payment_succeeded (it depends on arrival order; never for a lost payment:
-    reconciliation jumps straight to REFUNDED)."""
-    status = expected_final_status(payment.statuses)
+    optional payment_succeeded (it depends on arrival order; never when no `paid` or `settled`
+    was sent: reconciliation jumps straight to REFUNDED)."""
+    return _expectation(payment, payment.statuses, bonus_points)
+
+
+def expect_from_webhooks(payment: SimPayment, bonus_points: int = BONUS_POINTS) -> Expectation:
+    """What the webhooks sent bring the payment to before any reconciliation (PENDING when
+    every one was lost); as `expect` for a payment that needs no repair."""
+    return _expectation(payment, payment.sent_statuses, bonus_points)
+
+
+def _expectation(payment: SimPayment, statuses: Sequence[str], bonus_points: int) -> Expectation:
+    status = expected_final_status(statuses)
     emails: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
     if status in _EARNING:
-        emails = ("payment_succeeded",)
+        emails = (SUCCEEDED_EMAIL,)
     elif status is OrderStatus.REFUNDED:
-        emails = ("payment_refunded",)
-        passes_paid = any(s in ("paid", "settled") for s in payment.statuses)
-        optional = ("payment_succeeded",) if passes_paid and not payment.lost else ()
+        emails = (REFUNDED_EMAIL,)
+        passes_paid = any(s in ("paid", "settled") for s in payment.sent_statuses)
+        optional = (SUCCEEDED_EMAIL,) if passes_paid else ()
     return Expectation(
         payment_id=payment.payment_id,
         flow=payment.flow,
-        lost=payment.lost,
+        lost=len(payment.lost_ids),
+        needs_repair=status is not expected_final_status(payment.sent_statuses),
         reordered=payment.reordered,
         status=status,
         bonus=bonus_points if status in _EARNING else 0,
@@ -82,6 +96,7 @@ class Summary:
         results = Counter(r.result.value if r.result else "PENDING" for r in self.deliveries)
         return {
             "payments": len(self.expectations),
+            "needs_repair": sum(e.needs_repair for e in self.expectations),
             "deliveries": len(self.deliveries),
             "attempts": sum(r.attempts for r in self.deliveries),
             **dict(sorted(results.items())),
@@ -106,9 +121,20 @@ class Summary:
             result = r.result.value if r.result else "PENDING"
             lines.append(f"  {r.event_id} #{r.copy} {result} {r.attempts} {reason}".rstrip())
         lines.append("")
-        lines.append("payments (id, flow, expected status, bonus, emails [optional]):")
+        lines.append(
+            "payments (id, flow(lost=webhooks never sent, repair: only the reconciler gets it"
+            " there), expected status, bonus, emails [optional]):"
+        )
         for e in self.expectations:
-            flags = ",".join(f for f, on in (("lost", e.lost), ("reordered", e.reordered)) if on)
+            flags = ",".join(
+                flag
+                for flag, on in (
+                    (f"lost={e.lost}", e.lost),
+                    ("repair", e.needs_repair),
+                    ("reordered", e.reordered),
+                )
+                if on
+            )
             optional = f" [{','.join(e.optional_emails)}]" if e.optional_emails else ""
             lines.append(
                 f"  {e.payment_id} {e.flow}{'(' + flags + ')' if flags else ''} {e.status.value}"

