@@ -34,6 +34,24 @@ export DATABASE_URL AMQP_PREFIX=demo. LOG_LEVEL=WARNING \
 
 "$BIN/python" scripts/preflight.py --port "$SIM_PORT"
 
+# Every demo starts from an empty database (`payhooks run all` migrates it into being): the
+# previous demo's orders would otherwise be due for the reconciler's questions before this
+# one's (docs/reconciliation.md), at the provider-call budget's pace.
+"$BIN/python" - <<'PY'
+import asyncio, os, urllib.parse
+import asyncpg
+
+async def drop() -> None:
+    admin = urllib.parse.urlsplit(os.environ["DATABASE_URL"])._replace(path="/postgres")
+    conn = await asyncpg.connect(urllib.parse.urlunsplit(admin), timeout=10)
+    try:
+        await conn.execute("DROP DATABASE IF EXISTS payhooks_demo WITH (FORCE)")
+    finally:
+        await conn.close()
+
+asyncio.run(drop())
+PY
+
 supervisor=
 stop_all() {
     [[ -n $supervisor ]] && kill -0 "$supervisor" 2>/dev/null || return 0
