@@ -18,6 +18,7 @@ from aiohttp import web
 
 from shared.config import ConfigError, Settings
 from shared.console import EXIT_USAGE
+from shared.file_limit import raise_to_hard_limit
 from shared.http_limits import HTTP_LIMITS
 from shared.logs import configure_logging
 from shared.metrics import multiprocess_registry
@@ -109,6 +110,7 @@ def serve(service: Service) -> None:
         sys.stderr.write(f"payhooks: {e}\n")
         raise SystemExit(EXIT_USAGE) from None
     configure_logging(settings.log_level, settings.log_format)
+    raise_to_hard_limit()  # before the app: ingest sizes its in-flight cap by it
     if (copies := service.processes(settings)) > 1 and supervised_by() is None:
         raise SystemExit(supervise(service.name, copies))
     try:

@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from services.ingest.accept import Acceptor, UnstorableWebhookError
+from services.ingest.accept import Acceptor, OverloadedError, UnstorableWebhookError
 from services.ingest.webhook import (
     MalformedWebhookError,
     RejectedWebhookError,
@@ -138,6 +138,9 @@ async def _accept(request: web.Request, webhook: Webhook, deadline: float) -> _A
         )
     except UnstorableWebhookError as e:
         return _error(400, "malformed", str(e))
+    except OverloadedError as e:
+        request.app[METRICS].shed.labels(reason=e.reason).inc()
+        return _unavailable(str(e))
     except UnavailableError as e:
         return _unavailable(str(e))
     return _Answer(200, outcome.value, {"status": outcome.value})

@@ -202,6 +202,10 @@ class CircuitBreaker:
             return True
         return self._state is BreakerState.CLOSED
 
+    def trip(self, now: float) -> None:
+        """Open now, as after an outage of the endpoint (>= 5 deliveries, >= 80 % failed)."""
+        self._open(now, self._pause_s)
+
     def record(self, now: float, outcome: Outcome) -> None:
         """Feed the outcome of an attempt that finished at `now`."""
         if outcome is Outcome.CLIENT_ERROR:

@@ -1,6 +1,7 @@
 """Ingest under overload: 200 only for what is stored and confirmed, 503 with Retry-After at
-once for the rest (the acceptor's pending limit, RabbitMQ blocking publishers), never a wait
-past the provider's budget.
+once for the rest (a predicted wait past the budget, the acceptor's cap on waiting webhooks,
+RabbitMQ blocking publishers), never a wait past the provider's budget. The breaker-release
+burst a healthy ingest must take whole is test_ingest_burst.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from services.ingest.accept import AcceptorConfig
+from services.ingest.admission import AdmissionConfig
 from services.ingest.app import create_app
 from shared.broker import BROKER
 from shared.config import Settings
@@ -61,16 +63,16 @@ async def _post(client: TestClient, event_id: str | None = None) -> Answer:
         )
 
 
-def _unavailable_count(metrics_text: str) -> float:
-    [line] = [
-        line
-        for line in metrics_text.splitlines()
-        if line.startswith("payhooks_webhooks_received_total") and 'outcome="unavailable"' in line
-    ]
+def _sample(metrics_text: str, name: str, label: str) -> float:
+    [line] = [line for line in metrics_text.splitlines() if line.startswith(name) and label in line]
     return float(line.rpartition(" ")[2])
 
 
-async def test_webhooks_beyond_the_pending_limit_are_refused_at_once(
+def _unavailable_count(metrics_text: str) -> float:
+    return _sample(metrics_text, "payhooks_webhooks_received_total", 'outcome="unavailable"')
+
+
+async def test_webhooks_beyond_the_cap_on_waiting_ones_are_refused_at_once(
     aiohttp_client: Any, settings: Settings, db: Any, amqp: Any
 ) -> None:
     config = AcceptorConfig(max_batch=4, max_in_flight=1, max_pending=4, db_timeout_s=1.0)
@@ -88,21 +90,32 @@ async def test_webhooks_beyond_the_pending_limit_are_refused_at_once(
     assert max(a.elapsed_s for a in answers) < BUDGET_S
     at_once = [a for a in answers if a.elapsed_s < AT_ONCE_S]
     assert len(at_once) >= 20 - 4 - 4, sorted(round(a.elapsed_s, 2) for a in answers)
-    assert _unavailable_count(await (await client.get("/metrics")).text()) == 20
+    metrics = await (await client.get("/metrics")).text()
+    assert _unavailable_count(metrics) == 20
+    assert _sample(metrics, "payhooks_ingest_shed_total", 'reason="pending_cap"') >= 20 - 4 - 4
     assert (await _post(client)).status == 200  # the acceptor takes work again
 
 
 async def test_under_overload_every_answer_is_a_stored_and_queued_200_or_a_503(
     aiohttp_client: Any, settings: Settings, db: Any, amqp: Any, topology: Topology
 ) -> None:
-    config = AcceptorConfig(max_batch=8, max_in_flight=1, max_pending=8)
+    # An acceptor assumed to finish 5 webhooks/s, never measured (a measurement would span a
+    # minute): a webhook with more than about 7 s of them ahead (35) is refused at once by
+    # its predicted wait, the cap on waiting webhooks far away.
+    admission = AdmissionConfig(assumed_rows_per_s=5.0, sample_s=60.0)
+    config = AcceptorConfig(max_batch=8, max_in_flight=1, admission=admission)
     client, _ = await _ingest(aiohttp_client, settings, config)
 
     answers = await asyncio.gather(*(_post(client) for _ in range(300)))
 
     statuses = Counter(a.status for a in answers)
     assert set(statuses) == {200, 503}, statuses
-    assert all(a.retry_after == "5" for a in answers if a.status == 503)
+    refused = [a for a in answers if a.status == 503]
+    assert all(a.retry_after == "5" for a in refused)
+    assert max(a.elapsed_s for a in refused) < AT_ONCE_S
+    metrics = await (await client.get("/metrics")).text()
+    shed = _sample(metrics, "payhooks_ingest_shed_total", 'reason="predicted_wait"')
+    assert shed == len(refused)
     assert max(a.elapsed_s for a in answers) < BUDGET_S
     accepted = sorted(a.event_id for a in answers if a.status == 200)
     stored = await db.fetch("SELECT event_id FROM inbox ORDER BY event_id")
