@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import orjson
@@ -33,6 +33,13 @@ from shared.xhub import WEBHOOK_PATH
 from shared.xhub.signatures import signed_headers
 
 TIMEOUT_S: Final = 10.0
+
+
+class Sender(Protocol):
+    """How an attempt goes on the wire: the answer's HTTP status, or None for a network error
+    or no answer within the attempt's timeout, counted from the call."""
+
+    async def __call__(self, url: str, headers: dict[str, str], body: bytes) -> int | None: ...
 
 
 class Result(StrEnum):
@@ -132,6 +139,7 @@ class Deliverer:
         concurrency: int = 10,
         wall_clock: Callable[[], float] = time.time,
         breakers_open: bool = False,
+        sender: Sender | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be greater than 0")
@@ -144,6 +152,9 @@ class Deliverer:
         self.breakers: dict[str, CircuitBreaker] = {}
         self.releases: list[Release] = []
         self._breakers_open = breakers_open
+        # None: aiohttp's client, timeout_s per attempt. A load generator sharing the cores of
+        # what it drives passes a leaner one (bench/raw_http.py's OneShotSender).
+        self._sender = sender
         self._backlogs: dict[str, _Backlog] = {}
         self._wall_clock = wall_clock
         self._semaphore = asyncio.Semaphore(concurrency)
@@ -257,6 +268,8 @@ class Deliverer:
         if self._session is None:
             raise RuntimeError("use the Deliverer as an async context manager")
         headers = signed_headers(self.secret, event_id, body, self._wall_clock())
+        if self._sender is not None:
+            return await self._sender(self.url, headers, body)
         try:
             async with self._session.post(self.url, data=body, headers=headers) as response:
                 await response.read()
