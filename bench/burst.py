@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 
 import aio_pika
@@ -57,12 +58,15 @@ class Run:
     cpu_s: dict[str, float]
     stored: int
     queued: int
+    releases: int  # times the breaker closed and let what it held go (1: it never reopened)
+    attempts: Counter[str]  # every attempt's answer ("None": no answer), the probe's included
 
     def ok(self, events: int) -> bool:
         return (
             self.burst.all_answered_200_in_budget
             and self.burst.released == events
             and self.burst.failed == 0
+            and self.releases == 1
             and self.stored == self.queued == events + 1
         )
 
@@ -87,7 +91,7 @@ def _backlog(run_id: str, n: int) -> list[SimWebhook]:
 
 async def _deliver(
     url: str, secret: bytes, backlog: list[SimWebhook], lean: bool
-) -> list[DeliveryRecord]:
+) -> tuple[list[DeliveryRecord], int]:
     async with Deliverer(
         url,
         secret,
@@ -95,7 +99,8 @@ async def _deliver(
         breakers_open=True,
         sender=OneShotSender(TIMEOUT_S) if lean else None,
     ) as deliverer:
-        return list(await asyncio.gather(*(deliverer.deliver(w) for w in backlog)))
+        records = list(await asyncio.gather(*(deliverer.deliver(w) for w in backlog)))
+        return records, len(deliverer.releases)
 
 
 async def _stored_and_queued(amqp_url: str, queue: str, run_id: str) -> tuple[int, int]:
@@ -129,7 +134,7 @@ def one_run(
     backlog = _backlog(run_id, events + 1)  # the probe, then `events` at once
     before = cpu_ticks(server.pid, [os.getpid()], "payhooks_burst")
     own_before = time.process_time()
-    records = uvloop.run(_deliver(server.base_url, secret, backlog, lean))
+    records, releases = uvloop.run(_deliver(server.base_url, secret, backlog, lean))
     own_s = time.process_time() - own_before
     used = cpu_used(before, cpu_ticks(server.pid, [os.getpid()], "payhooks_burst"))
     burst = figures(records)
@@ -138,15 +143,17 @@ def one_run(
     cpu_s = {group: used[group] / CLK_TCK for group in ("ingest", "postgres", "rabbitmq", "other")}
     cpu_s["simulator"] = own_s
     stored, queued = asyncio.run(_stored_and_queued(amqp_url, queue, run_id))
-    return Run(burst, last - released_at, cpu_s, stored, queued)
+    attempts = Counter(str(code) for r in records for code in r.http_statuses)
+    return Run(burst, last - released_at, cpu_s, stored, queued, releases, attempts)
 
 
 def report(run: Run, events: int, server: Server) -> None:
     print(f"  {run.burst.render()}")
     print(
-        f"  release to last answer {run.last_answer_s:.2f} s; stored {run.stored:,}, queued"
-        f" {run.queued:,} (of {events + 1:,} with the probe)"
+        f"  release to last answer {run.last_answer_s:.2f} s; breaker closings {run.releases};"
+        f" stored {run.stored:,}, queued {run.queued:,} (of {events + 1:,} with the probe)"
     )
+    print(f"  every attempt's answer: {dict(run.attempts)}")
     cpu = ", ".join(f"{group} {seconds:.1f}" for group, seconds in run.cpu_s.items())
     print(f"  CPU seconds during the run (the 3 s pause included): {cpu}")
     rate = scrape(server.base_url).get("payhooks_ingest_accept_rate")
