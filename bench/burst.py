@@ -31,6 +31,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import aio_pika
 import asyncpg
@@ -60,6 +61,7 @@ class Run:
     queued: int
     releases: int  # times the breaker closed and let what it held go (1: it never reopened)
     attempts: Counter[str]  # every attempt's answer ("None": no answer), the probe's included
+    listen_overflows: int  # the machine's, during the run: handshakes the backlog dropped
 
     def ok(self, events: int) -> bool:
         return (
@@ -69,6 +71,16 @@ class Run:
             and self.releases == 1
             and self.stored == self.queued == events + 1
         )
+
+
+def listen_overflows() -> int:
+    """TcpExt ListenOverflows of this network namespace so far (every listener's)."""
+    names, values = [
+        line.split()
+        for line in Path("/proc/net/netstat").read_text().splitlines()
+        if line.startswith("TcpExt:")
+    ][:2]
+    return int(dict(zip(names, values, strict=True))["ListenOverflows"])
 
 
 def _backlog(run_id: str, n: int) -> list[SimWebhook]:
@@ -133,9 +145,9 @@ def one_run(
     run_id = uuid.uuid4().hex[:8]
     backlog = _backlog(run_id, events + 1)  # the probe, then `events` at once
     before = cpu_ticks(server.pid, [os.getpid()], "payhooks_burst")
-    own_before = time.process_time()
+    own_before, overflows = time.process_time(), listen_overflows()
     records, releases = uvloop.run(_deliver(server.base_url, secret, backlog, lean))
-    own_s = time.process_time() - own_before
+    own_s, overflows = time.process_time() - own_before, listen_overflows() - overflows
     used = cpu_used(before, cpu_ticks(server.pid, [os.getpid()], "payhooks_burst"))
     burst = figures(records)
     released_at = min((r.released_at for r in records if r.released_at is not None), default=0.0)
@@ -144,7 +156,7 @@ def one_run(
     cpu_s["simulator"] = own_s
     stored, queued = asyncio.run(_stored_and_queued(amqp_url, queue, run_id))
     attempts = Counter(str(code) for r in records for code in r.http_statuses)
-    return Run(burst, last - released_at, cpu_s, stored, queued, releases, attempts)
+    return Run(burst, last - released_at, cpu_s, stored, queued, releases, attempts, overflows)
 
 
 def report(run: Run, events: int, server: Server) -> None:
@@ -153,7 +165,10 @@ def report(run: Run, events: int, server: Server) -> None:
         f"  release to last answer {run.last_answer_s:.2f} s; breaker closings {run.releases};"
         f" stored {run.stored:,}, queued {run.queued:,} (of {events + 1:,} with the probe)"
     )
-    print(f"  every attempt's answer: {dict(run.attempts)}")
+    print(
+        f"  every attempt's answer: {dict(run.attempts)}; listen queue overflows"
+        f" {run.listen_overflows} (the machine's)"
+    )
     cpu = ", ".join(f"{group} {seconds:.1f}" for group, seconds in run.cpu_s.items())
     print(f"  CPU seconds during the run (the 3 s pause included): {cpu}")
     rate = scrape(server.base_url).get("payhooks_ingest_accept_rate")
