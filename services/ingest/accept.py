@@ -75,7 +75,7 @@ class AcceptorConfig:
     gather_s: float = 0.010
     gather_enough: int = 16
     # Webhooks waiting for a batch are admitted by their predicted wait (admission.py); this
-    # caps them whatever the prediction, for memory (about 15 KB each with its request,
+    # caps them whatever the prediction, for memory (about 14 KB each with its request,
     # measured on a 10,000 burst). Above X-Hub's breaker-release burst of 10,000.
     max_pending: int = 20_000
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)

@@ -27,7 +27,7 @@ from shared.xhub import WEBHOOK_PATH
 log = structlog.get_logger(__name__)
 
 # Webhook requests handled at once. Who waits is the accept path's admission (accept.py);
-# this bounds memory (about 15 KB a request with its connection, measured on a burst of
+# this bounds memory (about 14 KB a request with its connection, measured on a burst of
 # 10,000) and files (one a connection, FILES_KEPT_FREE left for idle keep-alive connections,
 # PostgreSQL, RabbitMQ and the rest). X-Hub's breaker-release backlog comes all at once.
 MAX_IN_FLIGHT = 20_000
