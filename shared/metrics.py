@@ -94,6 +94,7 @@ def _counter(
     return counter
 
 
+SHED_REASONS = ("predicted_wait", "pending_cap")
 WEBHOOK_OUTCOMES = (
     "accepted",
     "duplicate",
@@ -115,6 +116,8 @@ class IngestMetrics:
     sweeper_published: Counter
     clock_skew: Histogram
     secret_matched: Counter
+    shed: Counter
+    accept_rate: Gauge
     # webhooks_received's children by outcome, looked up once (labels() on every request
     # costs more than the increment).
     received: dict[str, Counter] = field(default_factory=dict)
@@ -186,6 +189,21 @@ class IngestMetrics:
                 registry,
                 "secret_index",
                 (str(i) for i in range(secrets)),
+            ),
+            shed=_counter(
+                "payhooks_ingest_shed",
+                "Webhooks answered 503 at once by admission (also counted unavailable): their"
+                " predicted wait exceeded their answer budget, or the waiting cap was reached.",
+                registry,
+                "reason",
+                SHED_REASONS,
+            ),
+            accept_rate=Gauge(
+                "payhooks_ingest_accept_rate",
+                "Webhooks per second admission predicts the accept path finishes (measured"
+                " while webhooks wait, else assumed); set at each batch's end.",
+                registry=registry,
+                multiprocess_mode="livesum",
             ),
         )
 

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from shared.config import ConfigError, Settings
 from shared.console import EXIT_USAGE
+from shared.file_limit import raise_to_hard_limit
 from shared.http_limits import HTTP_LIMITS
 from shared.logs import configure_logging
 from shared.metrics import multiprocess_registry
@@ -29,6 +30,11 @@ log = structlog.get_logger(__name__)
 
 # In-flight requests get this long to finish after SIGTERM before connections are closed.
 SHUTDOWN_TIMEOUT_S = 15.0
+# Connections the kernel completes before the service accepts them (capped by
+# net.core.somaxconn, 4,096 by default since Linux 5.4). X-Hub's breaker-release burst opens
+# thousands at once: at 1,024, a 10,000 burst overflowed it 194 times (TcpExtListenOverflows),
+# each a handshake the client retransmits a second or more later.
+LISTEN_BACKLOG = 4096
 
 
 async def _freeze_startup_objects(app: web.Application) -> None:
@@ -82,7 +88,7 @@ def run(app: web.Application, port: int, *, ssl_context: ssl.SSLContext | None =
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         access_log=None,
         print=None,
-        backlog=1024,
+        backlog=LISTEN_BACKLOG,
         reuse_port=supervisor_pid is not None,
         **app[HTTP_LIMITS].server_options(),
     )
@@ -109,6 +115,7 @@ def serve(service: Service) -> None:
         sys.stderr.write(f"payhooks: {e}\n")
         raise SystemExit(EXIT_USAGE) from None
     configure_logging(settings.log_level, settings.log_format)
+    raise_to_hard_limit()  # before the app: ingest sizes its in-flight cap by it
     if (copies := service.processes(settings)) > 1 and supervised_by() is None:
         raise SystemExit(supervise(service.name, copies))
     try:

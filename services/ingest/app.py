@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
+import structlog
 from aiohttp import web
 
 from services.ingest.accept import Acceptor, AcceptorConfig
@@ -13,12 +15,29 @@ from services.ingest.sweeper import SWEEP_AFTER_S, Sweeper
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
+from shared.file_limit import open_files_allowed
+from shared.http_limits import HTTP_LIMITS
 from shared.metrics import IngestMetrics
 from shared.service import Service
 from shared.tasks import background
 from shared.topology import build_topology
 from shared.web import base_app
 from shared.xhub import WEBHOOK_PATH
+
+log = structlog.get_logger(__name__)
+
+# Webhook requests handled at once. Who waits is the accept path's admission (accept.py);
+# this bounds memory (about 14 KB a request with its connection, measured on a burst of
+# 10,000) and files (one a connection, FILES_KEPT_FREE left for idle keep-alive connections,
+# PostgreSQL, RabbitMQ and the rest). X-Hub's breaker-release backlog comes all at once.
+MAX_IN_FLIGHT = 20_000
+BURST = 10_000  # the largest backlog X-Hub is expected to release at once (docs/ingest-burst.md)
+FILES_KEPT_FREE = 512
+
+
+def in_flight_cap(open_files: int) -> int:
+    """Requests handled at once with `open_files` allowed (RLIMIT_NOFILE's soft limit)."""
+    return max(64, min(MAX_IN_FLIGHT, open_files - FILES_KEPT_FREE))
 
 
 def create_app(
@@ -34,6 +53,16 @@ def create_app(
     app = base_app(metrics.registry, client_max_size=settings.max_body_bytes, raw_bodies=True)
     app[SETTINGS] = settings
     app[METRICS] = metrics
+    open_files = open_files_allowed()
+    app[HTTP_LIMITS] = replace(app[HTTP_LIMITS], max_in_flight=in_flight_cap(open_files))
+    if app[HTTP_LIMITS].max_in_flight < BURST:
+        log.warning(
+            "ingest.file_limit_low",
+            open_files=open_files,
+            max_in_flight=app[HTTP_LIMITS].max_in_flight,
+            needed=BURST + FILES_KEPT_FREE,
+            hint="raise the hard limit on open files (ulimit -n, LimitNOFILE, container ulimits)",
+        )
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=10))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))

@@ -1,15 +1,18 @@
 """The simulator's deliverer: signs webhooks and POSTs them the way X-Hub does, every decision
 from delivery_rules on a simulated clock (real seconds * time_scale); the 10 s HTTP timeout
-of an attempt stays real time."""
+of an attempt stays real time. When a merchant's circuit breaker closes, every delivery it
+held goes at once (seed 000: "очередь разбирается целиком"), each attempt timed from then."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import orjson
@@ -17,6 +20,7 @@ import orjson
 from services.sim.delivery_rules import (
     HOLD_RETRY_S,
     Action,
+    BreakerState,
     CircuitBreaker,
     DeliveryState,
     FailReason,
@@ -29,6 +33,13 @@ from shared.xhub import WEBHOOK_PATH
 from shared.xhub.signatures import signed_headers
 
 TIMEOUT_S: Final = 10.0
+
+
+class Sender(Protocol):
+    """How an attempt goes on the wire: the answer's HTTP status, or None for a network error
+    or no answer within the attempt's timeout, counted from the call."""
+
+    async def __call__(self, url: str, headers: dict[str, str], body: bytes) -> int | None: ...
 
 
 class Result(StrEnum):
@@ -75,6 +86,9 @@ class DeliveryRecord:
     http_statuses: list[int | None] = field(default_factory=list)  # None: network/timeout
     answered_at: list[float] = field(default_factory=list)  # wall clock of each answer
     breaker_holds: int = 0
+    # Wall clock of the moment the merchant's breaker closed and let this delivery go with
+    # the rest of its backlog; None if the breaker never held it.
+    released_at: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -89,11 +103,57 @@ class DeliveryRecord:
             "reason": self.reason.value if self.reason else None,
             "http_statuses": self.http_statuses,
             "breaker_holds": self.breaker_holds,
+            "released_at": self.released_at,
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A merchant's breaker closed (its probe passed) and let its backlog go at once."""
+
+    merchant_id: str
+    at: float  # wall clock
+
+
+@dataclass(slots=True)
+class _Backlog:
+    """The deliveries one merchant's open breaker holds, released together when it closes.
+
+    A set of one future per waiting delivery, not an asyncio.Event: a waiter that times out
+    leaves an Event's deque by a linear search, and 18,000 held deliveries retrying at the
+    same moment made that seconds of the simulator's CPU."""
+
+    waiting: set[asyncio.Future[None]] = field(default_factory=set)
+    released_at: float | None = None  # wall clock
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the breaker closes, or `timeout_s` (real seconds) has passed."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        self.waiting.add(woken)
+        timer = loop.call_later(timeout_s, _wake, woken)
+        try:
+            await woken
+        finally:
+            timer.cancel()
+            self.waiting.discard(woken)
+
+    def release(self, at: float) -> None:
+        self.released_at = at
+        for woken in self.waiting:
+            _wake(woken)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Deliverer:
-    """Delivers webhooks concurrently (at most `concurrency` requests in flight)."""
+    """Delivers webhooks concurrently: at most `concurrency` requests in flight, except the
+    backlog a closing breaker releases, which goes at once. `breakers_open`: every merchant's
+    breaker starts open (as after an outage of the endpoint), so every delivery is held until
+    its merchant's probe passes after the 5-minute pause, and then delivered at once."""
 
     def __init__(
         self,
@@ -104,6 +164,8 @@ class Deliverer:
         timeout_s: float = TIMEOUT_S,
         concurrency: int = 10,
         wall_clock: Callable[[], float] = time.time,
+        breakers_open: bool = False,
+        sender: Sender | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be greater than 0")
@@ -114,6 +176,12 @@ class Deliverer:
         self.time_scale = time_scale
         self.timeout_s = timeout_s
         self.breakers: dict[str, CircuitBreaker] = {}
+        self.releases: list[Release] = []
+        self._breakers_open = breakers_open
+        # None: aiohttp's client, timeout_s per attempt. A load generator sharing the cores of
+        # what it drives passes a leaner one (bench/raw_http.py's OneShotSender).
+        self._sender = sender
+        self._backlogs: dict[str, _Backlog] = {}
         self._wall_clock = wall_clock
         self._semaphore = asyncio.Semaphore(concurrency)
         self._start = time.monotonic()
@@ -140,7 +208,31 @@ class Deliverer:
         await asyncio.sleep(max(0.0, (at - self.now()) / self.time_scale))
 
     def breaker(self, merchant_id: str) -> CircuitBreaker:
-        return self.breakers.setdefault(merchant_id, CircuitBreaker())
+        breaker = self.breakers.get(merchant_id)
+        if breaker is None:
+            breaker = self.breakers[merchant_id] = CircuitBreaker()
+            if self._breakers_open:
+                breaker.trip(self.now())
+        return breaker
+
+    async def _hold(self, merchant_id: str, breaker: CircuitBreaker) -> tuple[int, _Backlog]:
+        """Wait as a delivery the breaker holds: ~30 s and try again, or until the breaker
+        closes. An attempt while it is open (before its pause ends) would be refused, so
+        those retries are slept through at once; how many were, and the backlog waited in."""
+        retries = 1
+        if (reopens_at := breaker.reopens_at) is not None:
+            retries = max(1, math.ceil((reopens_at - self.now()) / HOLD_RETRY_S))
+        backlog = self._backlogs.setdefault(merchant_id, _Backlog())
+        await backlog.wait(retries * HOLD_RETRY_S / self.time_scale)
+        return retries, backlog
+
+    def _release(self, merchant_id: str) -> None:
+        """The merchant's breaker closed: everything it held goes now."""
+        backlog = self._backlogs.pop(merchant_id, None)
+        if backlog is not None:
+            at = self._wall_clock()
+            backlog.release(at)
+            self.releases.append(Release(merchant_id, at))
 
     async def deliver(self, webhook: SimWebhook, copy: int = 0) -> DeliveryRecord:
         """Run one delivery to its end (DELIVERED or FAILED), as long as that takes."""
@@ -157,20 +249,27 @@ class Deliverer:
             created_at=self.now(), money=is_money_event(webhook.event_type, webhook.status)
         )
         breaker = self.breaker(webhook.merchant_id)
+        released = False  # this attempt is part of a released backlog
         while True:
             if not breaker.allow(self.now()):
-                record.breaker_holds += 1
-                await self._sleep_until(self.now() + HOLD_RETRY_S)
+                retries, backlog = await self._hold(webhook.merchant_id, breaker)
+                record.breaker_holds += retries
+                if backlog.released_at is not None:
+                    record.released_at, released = backlog.released_at, True
                 reason = expired(state, self.now())
                 if reason is not None:
                     record.result, record.reason = Result.FAILED, reason
                     return record
                 continue
-            code = await self._attempt(webhook.event_id, body)
+            code = await self._attempt(webhook.event_id, body, at_once=released)
+            released = False
             record.http_statuses.append(code)
             record.answered_at.append(self._wall_clock())
             outcome = classify(code)
+            probing = breaker.state is BreakerState.HALF_OPEN
             breaker.record(self.now(), outcome)
+            if probing and breaker.state is BreakerState.CLOSED:
+                self._release(webhook.merchant_id)
             decision = next_action(state, outcome, self.now())
             state = decision.state
             record.attempts = state.attempts
@@ -183,15 +282,21 @@ class Deliverer:
             assert decision.at is not None
             await self._sleep_until(decision.at)
 
-    async def _attempt(self, event_id: str, body: bytes) -> int | None:
-        """One signed POST; its HTTP status, or None for a network error or timeout."""
+    async def _attempt(self, event_id: str, body: bytes, *, at_once: bool = False) -> int | None:
+        """One signed POST; its HTTP status, or None for a network error or timeout.
+        `at_once`: part of a released backlog, not held back by the concurrency limit."""
+        async with contextlib.nullcontext() if at_once else self._semaphore:
+            return await self._post(event_id, body)
+
+    async def _post(self, event_id: str, body: bytes) -> int | None:
         if self._session is None:
             raise RuntimeError("use the Deliverer as an async context manager")
         headers = signed_headers(self.secret, event_id, body, self._wall_clock())
-        async with self._semaphore:
-            try:
-                async with self._session.post(self.url, data=body, headers=headers) as response:
-                    await response.read()
-                    return response.status
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                return None
+        if self._sender is not None:
+            return await self._sender(self.url, headers, body)
+        try:
+            async with self._session.post(self.url, data=body, headers=headers) as response:
+                await response.read()
+                return response.status
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from services.sim import scenario
+from services.sim import burst, scenario
 from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import TIMEOUT_S, Deliverer
 from services.sim.summary import Summary, actual_effects, mismatches, summarize
@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --check: seconds to wait for the workers to settle before a mismatch counts",
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="every merchant's breaker starts open (as after an outage): all deliveries are held,"
+        " then released at once when its probe passes; prints the burst's figures",
+    )
 
 
 def _flows(raw: str) -> dict[str, float]:
@@ -118,6 +124,7 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
             time_scale=args.time_scale,
             timeout_s=args.timeout,
             concurrency=config.concurrency,
+            breakers_open=args.burst,
         ) as deliverer:
             records = await scenario.deliver(plan, deliverer)
         summary = summarize(records, plan.payments, settings.bonus_points)
@@ -125,6 +132,9 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
             _out(orjson.dumps(summary.as_json(), option=orjson.OPT_INDENT_2).decode())
         else:
             _out(summary.render())
+        released = burst.figures(records)
+        if args.burst:
+            _err(released.render())
         if args.linger > 0:
             _err(f"payhooks sim: API up for {args.linger:g} s more")
             await asyncio.sleep(args.linger)
@@ -135,6 +145,7 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await runner.cleanup()
     failed = summary.counts().get("FAILED", 0) or problems
+    failed = failed or (args.burst and not released.all_answered_200_in_budget)
     return EXIT_FAILED if failed else EXIT_OK
 
 

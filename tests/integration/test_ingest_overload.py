@@ -1,6 +1,8 @@
-"""Ingest under overload: 200 only for what is stored and confirmed, 503 with Retry-After at
-once for the rest (the acceptor's pending limit, RabbitMQ blocking publishers), never a wait
-past the provider's budget.
+"""Ingest under overload: 200 only for what is stored and confirmed, 503 with Retry-After
+for the rest before any work (a predicted wait past the budget, answered after a short hold;
+at once: the acceptor's cap on waiting webhooks, RabbitMQ blocking publishers), never a wait
+past the provider's budget. The breaker-release burst a healthy ingest must take whole is
+test_ingest_burst.py.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from bench.raw_http import OneShotSender
 from services.ingest.accept import AcceptorConfig
+from services.ingest.admission import AdmissionConfig
 from services.ingest.app import create_app
+from services.ingest.endpoint import REFUSAL_HOLD_S
+from services.sim.deliverer import TIMEOUT_S, Deliverer, Result, SimWebhook
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology
+from shared.xhub.events import status_changed
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, eventually, payment_event
 from tests.rabbitmq_alarm import memory_alarm, unavailable_reason
@@ -61,16 +68,16 @@ async def _post(client: TestClient, event_id: str | None = None) -> Answer:
         )
 
 
-def _unavailable_count(metrics_text: str) -> float:
-    [line] = [
-        line
-        for line in metrics_text.splitlines()
-        if line.startswith("payhooks_webhooks_received_total") and 'outcome="unavailable"' in line
-    ]
+def _sample(metrics_text: str, name: str, label: str) -> float:
+    [line] = [line for line in metrics_text.splitlines() if line.startswith(name) and label in line]
     return float(line.rpartition(" ")[2])
 
 
-async def test_webhooks_beyond_the_pending_limit_are_refused_at_once(
+def _unavailable_count(metrics_text: str) -> float:
+    return _sample(metrics_text, "payhooks_webhooks_received_total", 'outcome="unavailable"')
+
+
+async def test_webhooks_beyond_the_cap_on_waiting_ones_are_refused_at_once(
     aiohttp_client: Any, settings: Settings, db: Any, amqp: Any
 ) -> None:
     config = AcceptorConfig(max_batch=4, max_in_flight=1, max_pending=4, db_timeout_s=1.0)
@@ -88,21 +95,33 @@ async def test_webhooks_beyond_the_pending_limit_are_refused_at_once(
     assert max(a.elapsed_s for a in answers) < BUDGET_S
     at_once = [a for a in answers if a.elapsed_s < AT_ONCE_S]
     assert len(at_once) >= 20 - 4 - 4, sorted(round(a.elapsed_s, 2) for a in answers)
-    assert _unavailable_count(await (await client.get("/metrics")).text()) == 20
+    metrics = await (await client.get("/metrics")).text()
+    assert _unavailable_count(metrics) == 20
+    assert _sample(metrics, "payhooks_ingest_shed_total", 'reason="pending_cap"') >= 20 - 4 - 4
     assert (await _post(client)).status == 200  # the acceptor takes work again
 
 
 async def test_under_overload_every_answer_is_a_stored_and_queued_200_or_a_503(
     aiohttp_client: Any, settings: Settings, db: Any, amqp: Any, topology: Topology
 ) -> None:
-    config = AcceptorConfig(max_batch=8, max_in_flight=1, max_pending=8)
+    # An acceptor assumed to finish 5 webhooks/s, never measured (a measurement would span a
+    # minute): a webhook with more than about 7 s of them ahead (35) is refused by its
+    # predicted wait before any work, the cap on waiting webhooks far away, and answered
+    # REFUSAL_HOLD_S after its arrival (the last test says why).
+    admission = AdmissionConfig(assumed_rows_per_s=5.0, sample_s=60.0)
+    config = AcceptorConfig(max_batch=8, max_in_flight=1, admission=admission)
     client, _ = await _ingest(aiohttp_client, settings, config)
 
     answers = await asyncio.gather(*(_post(client) for _ in range(300)))
 
     statuses = Counter(a.status for a in answers)
     assert set(statuses) == {200, 503}, statuses
-    assert all(a.retry_after == "5" for a in answers if a.status == 503)
+    refused = [a for a in answers if a.status == 503]
+    assert all(a.retry_after == "5" for a in refused)
+    assert all(REFUSAL_HOLD_S - 0.1 < a.elapsed_s < REFUSAL_HOLD_S + AT_ONCE_S for a in refused)
+    metrics = await (await client.get("/metrics")).text()
+    shed = _sample(metrics, "payhooks_ingest_shed_total", 'reason="predicted_wait"')
+    assert shed == len(refused)
     assert max(a.elapsed_s for a in answers) < BUDGET_S
     accepted = sorted(a.event_id for a in answers if a.status == 200)
     stored = await db.fetch("SELECT event_id FROM inbox ORDER BY event_id")
@@ -149,3 +168,44 @@ async def test_a_broker_blocking_publishers_gets_503_at_once_and_readyz_says_why
     expected = sorted({before.event_id, first.event_id, then.event_id})
     queued = await drain(amqp, topology.work["orders"].name, settle_s=0.5)
     assert sorted(m.message_id or "" for m in queued) == expected
+
+
+async def test_a_burst_beyond_the_predicted_wait_is_refused_after_its_first_successes(
+    aiohttp_client: Any, settings: Settings, db: Any, amqp: Any
+) -> None:
+    """X-Hub's breaker reopens when >= 80 % of >= 5 deliveries fail: refusals answered at once
+    would be the first outcomes it records of a released backlog and reopen it. Held until
+    the burst's first successes are in, they cost one attempt each, and the breaker stays
+    closed."""
+    # Assumed 10 webhooks/s, never measured: of 2,000 released at once, those with more than
+    # about 7 s of that ahead (70) are refused; by their next attempt the queue has drained.
+    admission = AdmissionConfig(assumed_rows_per_s=10.0, sample_s=60.0)
+    client, _ = await _ingest(aiohttp_client, settings, AcceptorConfig(admission=admission))
+    backlog = [
+        SimWebhook(
+            event_id=f"evt_{uuid.uuid4().hex}",
+            merchant_id="m",
+            payload=status_changed(f"pay_{n}", "paid", "100.00", "USD", "2026-12-05T10:00:00Z"),
+        )
+        for n in range(2_001)
+    ]
+    async with Deliverer(
+        str(client.server.make_url("")),
+        TEST_SECRETS[0].encode(),
+        time_scale=100.0,
+        breakers_open=True,
+        sender=OneShotSender(TIMEOUT_S),
+    ) as deliverer:
+        records = await asyncio.gather(*(deliverer.deliver(w) for w in backlog))
+
+    first = Counter(r.http_statuses[-1 if r.released_at is None else 0] for r in records)
+    attempts = Counter(code for r in records for code in r.http_statuses)
+    assert attempts[503] > 500, attempts  # the rule refused, on the first attempt
+    assert set(attempts) == {200, 503}, attempts
+    assert len(deliverer.releases) == 1, (deliverer.releases, first)  # never reopened
+    assert {r.result for r in records} == {Result.DELIVERED}
+    metrics = await (await client.get("/metrics")).text()
+    assert (
+        _sample(metrics, "payhooks_ingest_shed_total", 'reason="predicted_wait"') == (attempts[503])
+    )
+    assert await db.fetchval("SELECT count(*) FROM inbox") == len(backlog)

@@ -248,6 +248,7 @@ async def test_sim_command_checks_every_payment_and_prints_the_outcome_table(
         check=True,
         check_timeout=20.0,
         json=False,
+        burst=False,
     )
     assert await sim_run.command(settings, args) == EXIT_OK
     out = capsys.readouterr().out
