@@ -26,6 +26,12 @@ from shared import inbox_view, unrouted
 from shared.queries import audit
 
 OPEN: dict[str, Any] = {"security": []}
+# /readyz: the server of each dependency in use, "host:port" (a cluster's node, the primary).
+_SERVING: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {"type": "string"},
+    "examples": [{"postgresql": "10.0.0.5:5432", "rabbitmq": "10.0.0.7:5672"}],
+}
 
 PATHS: dict[str, Any] = {
     "/api/orders": {
@@ -263,9 +269,18 @@ PATHS: dict[str, Any] = {
             **OPEN,
             "summary": "A real round trip to PostgreSQL and RabbitMQ",
             "responses": {
-                "200": ok(object_of({"status": {"const": "ready"}}), "ready"),
+                "200": ok(
+                    object_of({"status": {"const": "ready"}, "serving": _SERVING}),
+                    "ready, and which server of each dependency it is on",
+                ),
                 "503": ok(
-                    object_of({"status": {"const": "unavailable"}, "failing": list_of(STR)}),
+                    object_of(
+                        {
+                            "status": {"const": "unavailable"},
+                            "failing": list_of(STR),
+                            "serving": _SERVING,
+                        }
+                    ),
                     "the failing checks, by name",
                 ),
             },
