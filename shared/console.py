@@ -12,6 +12,7 @@ EXIT_USAGE = 2  # usage or configuration
 EXIT_UNREACHABLE = 3  # PostgreSQL, RabbitMQ (or, for send, ingest) unreachable
 EXIT_CONFLICT = 4  # a conflicting order
 EXIT_BUSY = 5  # the DLQ is held by another reader: try again later, nothing is broken
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as shells say
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO = sys.stdout) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from importlib import metadata
@@ -21,7 +22,7 @@ from services.sim import run as sim_run
 from shared import dlq, dlq_lock
 from shared.config import ConfigError, Settings
 from shared.connections import UnreachableError
-from shared.console import EXIT_BUSY, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from shared.console import EXIT_BROKEN_PIPE, EXIT_BUSY, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from shared.dlq import QUEUES
 from shared.dlq_moves import UnroutableError
 from shared.logs import configure_logging
@@ -197,7 +198,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(library).setLevel(logging.CRITICAL)
     handler: Command = args.handler
     try:
-        sys.exit(asyncio.run(handler(settings, args)))
+        code = asyncio.run(handler(settings, args))
+        sys.stdout.flush()  # here, where a reader gone away is caught, not at exit
+        sys.exit(code)
+    except BrokenPipeError:
+        # `payhooks ... | head`: the reader has all it wanted. Quietly, as other tools end
+        # then; stdout goes to /dev/null so the interpreter's last flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_BROKEN_PIPE)
     except UnreachableError as e:
         print(f"payhooks: {e}", file=sys.stderr)
         sys.exit(EXIT_UNREACHABLE)

@@ -37,6 +37,7 @@ from tests.integration.system import (
     depths,
     effects,
     post,
+    register,
     smtp_messages,
     start_system,
     system_settings,
@@ -773,3 +774,38 @@ async def test_requeue_killed_half_way_loses_no_message(
     assert set(in_work) | set(in_dlq) == set(dead)  # every message at least once
     assert len(in_work) < len(dead)  # the kill landed half-way
     assert len(in_work) >= moved[orders.name]
+
+
+async def test_a_reader_that_stops_early_ends_payment_show_quietly(
+    settings: Settings, db: Any
+) -> None:
+    """`payhooks payment show ... | head`: the reader goes away mid-output; no traceback,
+    exit 141 as for a command a shell's pipe cut."""
+    await register(db, "pay_long_story")
+    await db.execute(
+        "INSERT INTO order_transitions (payment_id, from_status, to_status, event_id)"
+        " SELECT 'pay_long_story', 'PAID', 'REFUNDED', 'evt_' || n"
+        " FROM generate_series(1, 5000) AS n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        str(PAYHOOKS),
+        "payment",
+        "show",
+        "pay_long_story",
+        cwd=REPO,
+        env=cli_env(settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    async with asyncio.timeout(COMMAND_TIMEOUT_S):
+        first = await process.stdout.read(100)
+        process._transport.get_pipe_transport(1).close()  # type: ignore[attr-defined]  # like head
+        err = await process.stderr.read()
+        code = await process.wait()
+
+    assert first
+    assert "Traceback" not in err.decode(), err.decode()
+    assert "BrokenPipeError" not in err.decode()
+    assert code == 141
