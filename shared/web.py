@@ -11,9 +11,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from shared import http_limits
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
+# What /readyz adds to its answer beside the checks (a paused worker's why), by key.
+ReadinessDetail = Callable[[], dict[str, object]]
 
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 READINESS_CHECKS = web.AppKey("readiness_checks", list[ReadinessCheck])
+READINESS_DETAILS = web.AppKey("readiness_details", list[ReadinessDetail])
 
 _READINESS_TIMEOUT_S = 2.0
 
@@ -32,9 +35,14 @@ async def readyz(request: web.Request) -> web.Response:
             ok = False
         if not ok:
             failing.append(getattr(check, "__name__", "check"))
+    details: dict[str, object] = {}
+    for detail in request.app[READINESS_DETAILS]:
+        details.update(detail())
     if failing:
-        return web.json_response({"status": "unavailable", "failing": failing}, status=503)
-    return web.json_response({"status": "ready"})
+        return web.json_response(
+            {"status": "unavailable", "failing": failing, **details}, status=503
+        )
+    return web.json_response({"status": "ready", **details})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -54,6 +62,7 @@ def base_app(
     )
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []
+    app[READINESS_DETAILS] = []
     http_limits.install(app, registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
