@@ -64,12 +64,15 @@ def outage_of(
         code = error.sqlstate or ""
         down = code[:2] in _DOWN_SQLSTATE_CLASSES or code in _DOWN_SQLSTATES
         return Dependency.POSTGRESQL if down else None
-    # asyncpg says "connection is closed" and "pool is closing" with the base class itself;
-    # its subclasses are a bad argument or an unsupported feature: the caller's.
-    if type(error) is asyncpg.InterfaceError or isinstance(
-        error, asyncpg.exceptions.TargetServerAttributeNotMatched
+    # asyncpg says "connection is closed" and "pool is closing" with InterfaceError itself
+    # (its subclasses are a bad argument or an unsupported feature: the caller's), and "another
+    # operation is in progress" with InternalClientError itself when the server terminated
+    # the connection under it (issue 39's 500s); TargetServerAttributeNotMatched: no
+    # read-write server among the hosts (a failover under way).
+    if type(error) in (asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError) or (
+        isinstance(error, asyncpg.exceptions.TargetServerAttributeNotMatched)
     ):
-        return Dependency.POSTGRESQL  # the second: no read-write server among the hosts
+        return Dependency.POSTGRESQL
     if isinstance(error, _BROKER_DOWN):  # before the network: AMQPConnectionError is one
         return Dependency.RABBITMQ
     if isinstance(error, _NETWORK_DOWN) or type(error) is OSError:
