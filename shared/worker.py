@@ -273,6 +273,7 @@ class Worker:
         if _open_channel(message) is None:
             return None
         headers: dict[str, Any] = dict(message.headers or {})
+        headers.pop("x-delivery-count", None)  # the quorum queue's count: a new message starts at 0
         try:
             await self._broker.publish_to_queue(
                 self._queue.name, persistent_copy(message, headers), _PUBLISH_TIMEOUT_S
