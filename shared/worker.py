@@ -251,7 +251,7 @@ class Worker:
             )
 
     async def _on_pause(self) -> None:
-        """Take nothing more; hand back what arrived and waits for a batch."""
+        """Take nothing more; hand back what has arrived and waits for a batch."""
         await self._consumer.pause()
         waiting = [m for m in self._waiting if _open_channel(m) is not None]
         self._waiting.clear()
