@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aio_pika.abc import AbstractRobustConnection
 
-from shared.errors import UnavailableError
+from shared.errors import BrokerUnavailableError
 
 
-class BlockedError(UnavailableError):
+class BlockedError(BrokerUnavailableError):
     """RabbitMQ blocks publishers (a memory or disk alarm): nothing was published."""
 
     def __init__(self) -> None:

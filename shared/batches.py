@@ -15,6 +15,8 @@ import asyncpg
 import structlog
 
 from shared.db import TRANSIENT_DB_ERRORS, Executor
+from shared.errors import Dependency
+from shared.outages import outage_of
 from shared.queries import processed as processed_sql
 
 
@@ -158,6 +160,8 @@ async def _attempt(
             except TRANSIENT_DB_ERRORS:
                 raise  # the database, not the message: the whole batch fails
             except Exception as e:
+                if outage_of(e) is Dependency.POSTGRESQL:
+                    raise  # a connection the server terminated under it, say: as above
                 if without is None:
                     raise _WithoutIt(i, e) from e
                 results[i] = e

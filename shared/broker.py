@@ -25,7 +25,7 @@ from yarl import URL
 
 from shared.alarms import BlockedError, is_blocked
 from shared.config_values import amqp_nodes
-from shared.errors import UnavailableError
+from shared.errors import BrokerUnavailableError
 from shared.outgoing import Outgoing, properties
 from shared.publish_together import publish_error, publish_together, retrieve_exception
 from shared.tasks import cancel_and_wait
@@ -139,13 +139,13 @@ class Broker:
     @property
     def channel(self) -> AbstractRobustChannel:
         if self._channel is None or self._channel.is_closed:
-            raise UnavailableError("RabbitMQ channel is not open")
+            raise BrokerUnavailableError("RabbitMQ channel is not open")
         return self._channel
 
     @property
     def connection(self) -> AbstractRobustConnection:
         if self._connection is None or self._connection.is_closed:
-            raise UnavailableError("RabbitMQ is not connected")
+            raise BrokerUnavailableError("RabbitMQ is not connected")
         return self._connection
 
     async def publish_to_queue(
@@ -171,6 +171,14 @@ class Broker:
         probe = await self._connection.transport.connection.channel(publisher_confirms=False)
         await probe.close()
         return True
+
+    async def probe(self) -> None:
+        """Raises unless RabbitMQ answers and takes publishes: what a worker paused for it
+        asks before it takes work again."""
+        if not await self.ping():
+            raise BrokerUnavailableError("RabbitMQ is not connected")
+        if self.blocked:
+            raise BlockedError()
 
     @property
     def blocked(self) -> bool:
@@ -199,7 +207,7 @@ class Broker:
         so callers must not cancel it (and must not treat it as failed for sure).
         """
         if self._exchange is None or self._channel is None or not self.is_ready:
-            return [_failed(UnavailableError("RabbitMQ is not connected")) for _ in messages]
+            return [_failed(BrokerUnavailableError("RabbitMQ is not connected")) for _ in messages]
         if self.blocked:
             return [_failed(BlockedError()) for _ in messages]
         # Straight onto the exchange's channel (aiormq), the batch in one write, without an
@@ -214,7 +222,7 @@ class Broker:
                 [(m.routing_key, m.body, properties(m, now)) for m in messages],
             )
         except Exception as e:  # the channel closed under us: none of them went out
-            return [_failed(UnavailableError(f"publish failed: {e!r}")) for _ in messages]
+            return [_failed(BrokerUnavailableError(f"publish failed: {e!r}")) for _ in messages]
         for future in futures:
             future.add_done_callback(retrieve_exception)
         return futures  # type: ignore[return-value]  # publish resolves to the confirm frame

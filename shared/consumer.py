@@ -1,5 +1,6 @@
 """One consumer on a queue that outlives broker outages: aio-pika's robust channel restores
-it, and a consumer not back _RECONSUME_AFTER_S after the broker is ready again is replaced."""
+it, and a consumer not back _RECONSUME_AFTER_S after the broker is ready again is replaced.
+Paused (a dependency of the worker is down), it takes nothing until resumed."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ class Consumer:
         self._consuming: aio_pika.abc.AbstractQueue | None = None
         self._task: asyncio.Task[None] | None = None
         self._generation = 0  # the broker's connection this consumer consumes on
+        self._paused = False
+        self._consume_lock = asyncio.Lock()  # one (re)consume at a time: watch or resume
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"{self.name}-consumer")
@@ -54,12 +57,49 @@ class Consumer:
         if self._task is not None and not self._task.done():
             await cancel_and_wait(self._task)
         if self._consuming is not None and self._consumer_tag is not None:
-            # Bounded: on a robust channel whose connection is gone (the broker away, or a
-            # cluster node given up for another) the cancel waits for a reconnect that may
-            # never come, and the shutdown with it.
+            # Bounded: while the broker is away a robust queue waits for the connection to
+            # come back (a SIGTERM during a RabbitMQ outage never finished shutting down).
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(_STOP_TIMEOUT_S):
                     await self._consuming.cancel(self._consumer_tag)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def pause(self) -> None:
+        """Cancel the consumer: RabbitMQ delivers nothing more until resume(). While the
+        broker is away there is nothing to cancel (and nothing arrives); what the robust
+        channel restores then is the consumer resume() finds."""
+        self._paused = True
+        queue, tag = self._consuming, self._consumer_tag
+        if queue is None or tag is None or not await self.consuming():
+            return
+        try:
+            async with asyncio.timeout(_STOP_TIMEOUT_S):
+                await queue.cancel(tag)
+        except Exception as e:  # the channel went away meanwhile: nothing arrives either
+            log.info("worker.cancel_failed", worker=self.name, error=repr(e))
+            return
+        self._consumer_tag = None
+
+    async def resume(self) -> None:
+        """Consume again: on the same channel where it is open, else on a new one."""
+        self._paused = False
+        async with self._consume_lock:
+            if await self.consuming():
+                return  # the robust channel restored it after a broker outage
+            queue = self._consuming
+            if queue is not None and self._channel is not None and not self._channel.is_closed:
+                try:
+                    async with asyncio.timeout(_START_TIMEOUT_S):
+                        self._consumer_tag = await queue.consume(self._on_message)
+                    log.info("worker.consuming", worker=self.name, queue=self._queue)
+                    return
+                except Exception as e:
+                    log.warning("worker.consume_failed", worker=self.name, error=repr(e))
+            await self._drop_channel()
+            await self._consume_until_done()
 
     async def close(self) -> None:
         """Close the channel: what is still unacknowledged goes back to the queue."""
@@ -83,7 +123,7 @@ class Consumer:
             except Exception as e:  # the watch must outlive whatever the channel raises
                 log.warning("worker.consumer_check_failed", worker=self.name, error=repr(e))
                 live = False
-            if live or not self._broker.is_ready:
+            if live or self._paused or not self._broker.is_ready:
                 lost_since = None  # counted from when the broker is ready again
                 continue
             lost_since = lost_since or loop.time()
@@ -91,9 +131,13 @@ class Consumer:
             # one that never recovered), the robust channel will never be restored.
             replaced = self._generation != self._broker.generation
             if replaced or loop.time() - lost_since >= _RECONSUME_AFTER_S:
-                log.error("worker.consuming_afresh", worker=self.name, queue=self._queue)
-                await self._drop_channel()
-                await self._consume_until_done()
+                async with self._consume_lock:
+                    # Paused, or restored, while this waited for the lock.
+                    if self.paused or await self.consuming():
+                        continue
+                    log.error("worker.consuming_afresh", worker=self.name, queue=self._queue)
+                    await self._drop_channel()
+                    await self._consume_until_done()
                 lost_since = None
 
     async def _consume_until_done(self) -> None:

@@ -13,6 +13,7 @@ import structlog
 from aiohttp import web
 from asyncpg.pool import PoolConnectionProxy
 
+from shared.errors import Dependency, TransientError
 from shared.migrate import load_migrations
 from shared.web import READINESS_CHECKS, SERVING
 
@@ -86,6 +87,23 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
 async def probe(conn: Executor) -> None:
     """One round trip; raises if the connection is gone (also one lost without a word)."""
     await conn.fetchval("SELECT 1", timeout=CONNECT_TIMEOUT_S)
+
+
+class ReadOnlyDatabaseError(TransientError):
+    """The server answers but takes no writes (a standby, or a primary demoted in a failover)."""
+
+    dependency = Dependency.POSTGRESQL
+
+
+async def probe_writable(conn: Executor) -> None:
+    """Raises unless the server answers and takes writes: what a worker paused for
+    PostgreSQL asks before it takes work again."""
+    read_only = await conn.fetchval(
+        "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
+        timeout=CONNECT_TIMEOUT_S,
+    )
+    if read_only:
+        raise ReadOnlyDatabaseError("PostgreSQL takes no writes (read-only or a standby)")
 
 
 @asynccontextmanager

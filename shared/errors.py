@@ -1,6 +1,18 @@
-"""The error hierarchy the edges map: transient means retry later, permanent means never."""
+"""The error hierarchy the edges map: transient means retry later, permanent means never; a
+transient error may name the dependency that is down (an outage, not the message's fault)."""
 
 from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+
+class Dependency(StrEnum):
+    """What payhooks' own infrastructure consists of (the `dependency` label)."""
+
+    POSTGRESQL = "postgresql"
+    RABBITMQ = "rabbitmq"
+    SMTP = "smtp"
 
 
 class PayhooksError(Exception):
@@ -10,10 +22,12 @@ class PayhooksError(Exception):
 class TransientError(PayhooksError):
     """A dependency is down, slow or overloaded: the same input may succeed later.
 
-    `reason` is what a worker records when the retry ladder runs out.
+    `reason` is what a worker records when the retry ladder runs out; `dependency`, where
+    set, says the failure is that dependency's outage (shared/outages.py): no ladder step.
     """
 
     reason = "retries_exhausted"
+    dependency: ClassVar[Dependency | None] = None
 
 
 class PermanentError(PayhooksError):
@@ -30,3 +44,9 @@ class UnknownPaymentError(TransientError):
 
 class UnavailableError(TransientError):
     """PostgreSQL or RabbitMQ did not answer in time; ingest maps this to 503."""
+
+
+class BrokerUnavailableError(UnavailableError):
+    """RabbitMQ is not connected, its channel closed under a publish, or it blocks publishers."""
+
+    dependency = Dependency.RABBITMQ

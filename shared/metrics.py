@@ -217,6 +217,7 @@ class WorkerMetrics:
     worker: str
     messages_processed: Counter
     processing_duration: Histogram
+    paused: Gauge
 
     @classmethod
     def create(cls, worker: str, registry: CollectorRegistry | None = None) -> WorkerMetrics:
@@ -238,6 +239,14 @@ class WorkerMetrics:
                 ["worker"],
                 buckets=_LATENCY_BUCKETS,
                 registry=registry,
+            ),
+            paused=Gauge(
+                "payhooks_worker_paused",
+                "1 while a worker takes no work because a dependency it needs is down (it"
+                " resumes by itself once the dependency answers), else 0.",
+                ["worker", "dependency"],
+                registry=registry,
+                multiprocess_mode="max",
             ),
         )
 

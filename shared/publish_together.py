@@ -15,7 +15,7 @@ from aiormq.abc import ChannelFrame
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
-from shared.errors import UnavailableError
+from shared.errors import BrokerUnavailableError
 
 
 async def publish_together(
@@ -97,7 +97,7 @@ def _failed(error: Exception) -> asyncio.Future[object]:
     return future
 
 
-class PublishTimeoutError(UnavailableError):
+class PublishTimeoutError(BrokerUnavailableError):
     """No confirm within the deadline: the message may or may not reach the queue."""
 
 
@@ -106,7 +106,7 @@ def publish_error(future: asyncio.Future[None]) -> BaseException | None:
     if not future.done():
         return PublishTimeoutError("no confirm from RabbitMQ in time")
     if future.cancelled():
-        return UnavailableError("publish cancelled")
+        return BrokerUnavailableError("publish cancelled")
     return future.exception()
 
 

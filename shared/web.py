@@ -11,6 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from shared import http_limits
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
+# What /readyz adds to its answer beside the checks (a paused worker's why), by key.
+ReadinessDetail = Callable[[], dict[str, object]]
 
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 READINESS_CHECKS = web.AppKey("readiness_checks", list[ReadinessCheck])
@@ -18,6 +20,7 @@ READINESS_CHECKS = web.AppKey("readiness_checks", list[ReadinessCheck])
 # ...), written by the readiness checks as they run; /readyz shows it (a cluster's node, the
 # primary after a failover).
 SERVING = web.AppKey("serving", dict[str, str])
+READINESS_DETAILS = web.AppKey("readiness_details", list[ReadinessDetail])
 
 _READINESS_TIMEOUT_S = 2.0
 
@@ -36,12 +39,14 @@ async def readyz(request: web.Request) -> web.Response:
             ok = False
         if not ok:
             failing.append(getattr(check, "__name__", "check"))
-    serving = dict(sorted(request.app[SERVING].items()))
+    details: dict[str, object] = {"serving": dict(sorted(request.app[SERVING].items()))}
+    for detail in request.app[READINESS_DETAILS]:
+        details.update(detail())
     if failing:
         return web.json_response(
-            {"status": "unavailable", "failing": failing, "serving": serving}, status=503
+            {"status": "unavailable", "failing": failing, **details}, status=503
         )
-    return web.json_response({"status": "ready", "serving": serving})
+    return web.json_response({"status": "ready", **details})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -62,6 +67,7 @@ def base_app(
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []
     app[SERVING] = {}
+    app[READINESS_DETAILS] = []
     http_limits.install(app, registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -1,6 +1,8 @@
 """The worker runtime every consumer shares: batches of what has arrived, handed to the
 handler (one transaction), the committed ones acked together, each failure routed alone to
-its retry queue or DLQ (shared/failures.py), handed back (nack) if even that fails."""
+its retry queue or DLQ (shared/failures.py), handed back (nack) if even that fails. A failure
+that is a dependency's outage (shared/outages.py) is no attempt of the message: it goes back
+to its queue as it was, and the worker pauses until the dependency is back (shared/pause.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import contextlib
 import datetime as dt
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 import structlog
@@ -22,9 +26,11 @@ from shared.batches import BatchHandler, Delivery, Result, about_payment
 from shared.broker import Broker
 from shared.consumer import Consumer
 from shared.db import TRANSIENT_DB_ERRORS
-from shared.errors import PermanentError, TransientError
+from shared.errors import Dependency, PermanentError, TransientError
 from shared.metrics import WorkerMetrics
+from shared.outages import outage_of
 from shared.outgoing import persistent_copy
+from shared.pause import Pause, Probe
 from shared.tasks import cancel_and_wait
 from shared.topology import WorkQueue
 from shared.vocabulary import ATTEMPTS, LAST_ERROR
@@ -71,7 +77,10 @@ class Worker:
         batchers: int = BATCHERS,
         linger_s: float = LINGER_S,
         shutdown_timeout_s: float = 10.0,
+        probes: Mapping[Dependency, Probe] | None = None,
     ) -> None:
+        """`probes`: how to tell each dependency the worker needs is back after an outage
+        (one without a probe is tried again with the next batch, after the pause's wait)."""
         self.name = name
         self._broker = broker
         self._queue = queue
@@ -91,6 +100,9 @@ class Worker:
         self._windows: dict[object, AckWindow] = {}
         self._batcher_tasks: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
+        self.pause = Pause(
+            name, probes or {}, metrics.paused, self._on_pause, self._consumer.resume
+        )
 
     def start(self) -> None:
         self._consumer.start()
@@ -107,6 +119,7 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop taking messages, let the batches in hand finish, hand back the rest."""
+        await self.pause.close()
         await self._consumer.stop()
         for task in self._batcher_tasks:  # waiting for the next batch, not in one
             await cancel_and_wait(task)
@@ -137,6 +150,7 @@ class Worker:
 
     async def _take_batches(self) -> None:
         while True:
+            await self.pause.running.wait()  # paused: no new batch
             # One batcher gathers the next batch at a time: the others are busy with theirs
             # or wait their turn, rather than all waking on one message and lingering
             # together, then cutting what arrived into several small batches.
@@ -154,6 +168,9 @@ class Worker:
             # RabbitMQ's again and come back on the new one; handled now, they could not be
             # acked.
             batch = [m for m in taken if _open_channel(m) is not None]
+            if batch and self.pause.is_paused:  # paused while it gathered
+                await self._hand_back(batch)
+                continue
             if not batch:
                 continue
             # Its own task, so that stop() can let it finish while no new batch starts.
@@ -194,8 +211,22 @@ class Worker:
                 ):
                     results[i] = result
             ok = [m for m, r in zip(messages, results, strict=True) if isinstance(r, str)]
-            failed = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
+            outages = {
+                i: (dependency, r)
+                for i, r in enumerate(results)
+                if isinstance(r, Exception) and (dependency := outage_of(r)) is not None
+            }
+            failed = [
+                (i, r)
+                for i, r in enumerate(results)
+                if isinstance(r, Exception) and i not in outages
+            ]
             outcomes = [r if isinstance(r, str) else "failed" for r in results]
+            if outages:
+                await self.pause.pause(*outages[min(outages)])
+                await self._hand_back([messages[i] for i in outages])
+                for i in outages:
+                    outcomes[i] = "handed_back"
             routed = await asyncio.gather(
                 *(
                     self._fail(
@@ -210,13 +241,50 @@ class Worker:
             await self._settle(ok, settled=False)
             duration_s = time.perf_counter() - started
             for outcome in outcomes:
-                self._metrics.observe(outcome, duration_s)
+                if outcome != "handed_back":  # not finished: it comes again
+                    self._metrics.observe(outcome, duration_s)
             log.info(
                 "batch.processed",
                 messages=len(messages),
                 outcomes=dict(Counter(outcomes)),
                 duration_s=round(duration_s, 6),
             )
+
+    async def _on_pause(self) -> None:
+        """Take nothing more; hand back what has arrived and waits for a batch."""
+        await self._consumer.pause()
+        waiting = [m for m in self._waiting if _open_channel(m) is not None]
+        self._waiting.clear()
+        await self._hand_back(waiting)
+
+    async def _hand_back(self, messages: list[AbstractIncomingMessage]) -> None:
+        """Back to the work queue as they came, no attempt counted: a copy with the same
+        headers, then the ack (a nack would count towards the queue's delivery limit, which
+        a long outage or a flapping one would reach). A channel closed already has handed
+        them back to RabbitMQ itself; a copy that cannot be published is nacked."""
+        if not messages:
+            return
+        errors = await asyncio.gather(*(self._return(m) for m in messages))
+        await self._settle(messages, settled=True)
+        if nacked := [e for e in errors if e is not None]:
+            log.info("worker.handed_back_by_nack", messages=len(nacked), error=repr(nacked[0]))
+
+    async def _return(self, message: AbstractIncomingMessage) -> Exception | None:
+        if _open_channel(message) is None:
+            return None
+        headers: dict[str, Any] = dict(message.headers or {})
+        headers.pop("x-delivery-count", None)  # the quorum queue's count: a new message starts at 0
+        try:
+            await self._broker.publish_to_queue(
+                self._queue.name, persistent_copy(message, headers), _PUBLISH_TIMEOUT_S
+            )
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
+            return e
+        with contextlib.suppress(Exception):  # a duplicate at worst: handlers dedup
+            await message.ack()
+        return None
 
     async def _settle(self, messages: list[AbstractIncomingMessage], *, settled: bool) -> None:
         """Mark messages finished in their channel's ack window (`settled`: acked or nacked

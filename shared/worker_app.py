@@ -1,5 +1,6 @@
 """A worker service's app: health and metrics routes, its pool and broker, what its handler
-needs besides, and the Worker consuming its queue."""
+needs besides, and the Worker consuming its queue, with a probe for each dependency it pauses
+for (PostgreSQL, RabbitMQ, and what its contexts add to PROBES: the email worker's SMTP)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from aiohttp import web
 from shared.batches import BatchHandler
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
-from shared.db import pool_ctx
+from shared.db import DB_POOL, pool_ctx, probe_writable
+from shared.errors import Dependency
 from shared.metrics import WorkerMetrics
+from shared.pause import Probe
 from shared.topology import WorkQueue, build_topology
-from shared.web import READINESS_CHECKS, base_app
+from shared.web import READINESS_CHECKS, READINESS_DETAILS, base_app
 from shared.worker import BATCH_SIZE, BATCHERS, Worker
 
 # Database connections per worker process; PostgreSQL's default of 100 connections must fit
@@ -21,6 +24,9 @@ from shared.worker import BATCH_SIZE, BATCHERS, Worker
 POOL_SIZE = 10
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
+
+# Probes of the dependencies a worker's handler needs besides PostgreSQL and RabbitMQ.
+PROBES = web.AppKey("dependency_probes", dict[Dependency, Probe])
 
 
 def worker_app(
@@ -36,6 +42,7 @@ def worker_app(
     """`contexts` start after the pool and the broker, before the worker (its handler's
     dependencies), and stop after it."""
     app = base_app(metrics.registry)
+    app[PROBES] = {}
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=POOL_SIZE))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
@@ -65,20 +72,36 @@ def worker_ctx(
     """A cleanup context that consumes `queue` with the handler built from the app."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
+        pool, broker = app[DB_POOL], app[BROKER]
+
+        async def postgresql() -> None:
+            await probe_writable(pool)
+
+        probes: dict[Dependency, Probe] = {
+            Dependency.POSTGRESQL: postgresql,
+            Dependency.RABBITMQ: broker.probe,
+        }
+        extra: dict[Dependency, Probe] | None = app.get(PROBES)
+        probes.update(extra or {})
         worker = Worker(
             name,
-            app[BROKER],
+            broker,
             queue,
             make_handler(app),
             metrics,
             batch_size=batch_size,
             batchers=batchers,
+            probes=probes,
         )
 
         async def consumer() -> bool:
             return await worker.consuming()
 
+        def paused() -> dict[str, object]:
+            return {"paused": pauses} if (pauses := worker.pause.describe()) else {}
+
         app[READINESS_CHECKS].append(consumer)
+        app[READINESS_DETAILS].append(paused)
         worker.start()
         try:
             yield

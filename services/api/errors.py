@@ -1,6 +1,7 @@
 """The api's error middleware: every failure answers problem+json (SPEC section 7). HTTP errors
 keep their status (and Allow); a dependency down or a DLQ another reader holds is 503 with
-Retry-After; a body that does not arrive in time is 408; anything unexpected a logged 500."""
+Retry-After (also any error shared/outages.py calls an outage); a body that does not arrive in
+time is 408; anything unexpected a logged 500."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ from aiohttp import web
 from services.api.responses import problem
 from shared import dlq_lock
 from shared.db import TRANSIENT_DB_ERRORS
-from shared.errors import UnavailableError
+from shared.errors import Dependency, UnavailableError
 from shared.http_limits import SlowBodyError
+from shared.outages import outage_of
 
 log = structlog.get_logger(__name__)
 
 RETRY_AFTER_S = 5
+_NAMES = {
+    Dependency.POSTGRESQL: "PostgreSQL",
+    Dependency.RABBITMQ: "RabbitMQ",
+    Dependency.SMTP: "SMTP",
+}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -62,6 +69,9 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         # out of connections: the same request may well succeed in a moment.
         log.warning("request.database_unavailable", path=request.path, error=repr(e))
         return unavailable("unavailable", "PostgreSQL unavailable")
-    except Exception:
+    except Exception as e:
+        if (dependency := outage_of(e)) is not None:  # the workers' classification
+            log.warning("request.dependency_unavailable", path=request.path, error=repr(e))
+            return unavailable("unavailable", f"{_NAMES[dependency]} unavailable")
         log.exception("request.failed", method=request.method, path=request.path)
         return problem(500, "internal_error", "internal error (logged)")

@@ -12,9 +12,10 @@ from services.email.sender import SmtpSender
 from services.email.template_files import load_templates
 from shared.config import Settings
 from shared.db import DB_POOL
+from shared.errors import Dependency
 from shared.metrics import EmailMetrics, WorkerMetrics
 from shared.service import Service
-from shared.worker_app import worker_app
+from shared.worker_app import PROBES, worker_app
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +40,7 @@ def create_app(
 
     async def sender_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SENDER] = SmtpSender.from_settings(settings)
+        app[PROBES][Dependency.SMTP] = app[SENDER].probe
         yield
         await app[SENDER].close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ssl
 from collections.abc import Sequence
 from typing import Protocol
@@ -13,16 +14,23 @@ from typing import Protocol
 from services.email.smtp import (
     SmtpConnection,
     SmtpDisconnectedError,
+    SmtpEnvelopeError,
     SmtpError,
     SmtpLoginRefusedError,
+    SmtpReplyError,
     Transaction,
 )
 from services.email.templates import OutgoingEmail
 from shared.config import Settings
 from shared.config_values import SMTP_TLS_MODES
-from shared.errors import TransientError
+from shared.errors import Dependency, TransientError
 
 SMTP_TIMEOUT_S = 10.0
+
+# Replies that refuse the session whatever command they answer (RFC 4954: authentication
+# required, too weak, credentials invalid, encryption required): our configuration, not the
+# email; every email would get them.
+_SESSION_REFUSALS = frozenset({530, 534, 535, 538})
 
 
 class Sender(Protocol):
@@ -30,12 +38,21 @@ class Sender(Protocol):
 
 
 class SmtpUnavailableError(TransientError):
-    """The SMTP server refused, failed or timed out: retry on the ladder."""
+    """The SMTP server cannot be reached, failed, timed out or said "try later" (4xx): an
+    outage of the relay, not the email's fault. The email worker waits for it (no attempt
+    of the message counted), however long it lasts."""
+
+    dependency = Dependency.SMTP
 
 
 class SmtpLoginError(SmtpUnavailableError):
-    """The server refused SMTP_USERNAME / SMTP_PASSWORD: retried too, so that emails wait
-    (then dead-letter) rather than get lost while the credentials are being fixed."""
+    """The server refused SMTP_USERNAME / SMTP_PASSWORD: the emails wait (the worker paused,
+    /readyz and the log saying why) while the credentials are being fixed."""
+
+
+class SmtpRejectedError(TransientError):
+    """The server refused this one email for good (a 5xx to its MAIL, RCPT or DATA: a
+    rejected address, say): that email's failure, retried on its ladder, then dead-lettered."""
 
 
 class SmtpSender:
@@ -72,19 +89,19 @@ class SmtpSender:
             context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
             if ca_file is not None:
                 context.load_verify_locations(cafile=ca_file)
+        self._new_connection = functools.partial(
+            SmtpConnection,
+            host,
+            port,
+            tls=tls,
+            ssl_context=context,
+            username=username,
+            password=password,
+            timeout_s=timeout_s,
+        )
         self._idle: asyncio.Queue[SmtpConnection] = asyncio.Queue()
         for _ in range(connections):
-            self._idle.put_nowait(
-                SmtpConnection(
-                    host,
-                    port,
-                    tls=tls,
-                    ssl_context=context,
-                    username=username,
-                    password=password,
-                    timeout_s=timeout_s,
-                )
-            )
+            self._idle.put_nowait(self._new_connection())
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SmtpSender:
@@ -106,7 +123,8 @@ class SmtpSender:
     async def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Exception | None]:
         """One SMTP transaction per email, the emails shared out over the connections in
         order (contiguous runs, each pipelined on its connection); per email None once the
-        server accepted it, else why not (SmtpUnavailableError when it may work later)."""
+        server accepted it, else why not: SmtpUnavailableError while the server is away or
+        says "later", SmtpRejectedError when it refused that email."""
         if not emails:
             return []
         shares = min(len(emails), self._connections)
@@ -146,9 +164,31 @@ class SmtpSender:
         finally:
             self._idle.put_nowait(client)
 
+    async def probe(self) -> None:
+        """Raises unless the server takes a session (greeting, EHLO, STARTTLS and login as
+        configured): what the paused email worker asks before it sends again."""
+        client = self._new_connection()
+        try:
+            await client.connect()
+        except Exception as e:
+            client.close()
+            raise (self._unavailable(e) or e) from e
+        with contextlib.suppress(Exception):
+            await client.quit()
+
     def _unavailable(self, error: Exception | None) -> Exception | None:
-        """An SMTP failure as the worker retries it; a bad envelope (ValueError) as it is."""
+        """An SMTP failure as the worker treats it: the relay's outage (SmtpUnavailableError),
+        or this email refused (SmtpRejectedError); a bad envelope (ValueError) as it is."""
         where = f"SMTP {self._host}:{self._port}"
+        if isinstance(error, SmtpEnvelopeError) or (
+            isinstance(error, SmtpReplyError)
+            and error.about_the_email
+            and error.code >= 500
+            and error.code not in _SESSION_REFUSALS
+        ):
+            rejected = SmtpRejectedError(f"{where}: {error}")
+            rejected.__cause__ = error
+            return rejected
         if isinstance(error, SmtpLoginRefusedError):
             login = SmtpLoginError(
                 f"{where} refused the login ({error.code} {error.text}):"

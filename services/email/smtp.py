@@ -32,8 +32,19 @@ class SmtpError(Exception):
 class SmtpReplyError(SmtpError):
     def __init__(self, command: str, code: int, text: str) -> None:
         super().__init__(f"{command}: {code} {text}")
+        self.command = command
         self.code = code
         self.text = text
+
+    @property
+    def about_the_email(self) -> bool:
+        """A refusal of one email's transaction (MAIL, RCPT, DATA, its content), not of the
+        session (greeting, EHLO, STARTTLS, AUTH, RSET)."""
+        return self.command in TRANSACTION_COMMANDS
+
+
+class SmtpEnvelopeError(SmtpError):
+    """This email cannot go to this server as it is (an address that needs SMTPUTF8)."""
 
 
 class SmtpLoginRefusedError(SmtpReplyError):
@@ -59,6 +70,9 @@ class Transaction:
     data: bytes
     smtputf8: bool = False
 
+
+# The commands of one email's transaction, as SmtpReplyError names them.
+TRANSACTION_COMMANDS = frozenset({"MAIL FROM", "RCPT TO", "DATA", "DATA content"})
 
 # The envelope's commands and the replies that let a transaction go on.
 _ENVELOPE: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -201,7 +215,7 @@ class SmtpConnection:
             if any(c in address for c in "\r\n\x00<>"):
                 raise ValueError(f"an envelope address can't hold {address!r}")
         if transaction.smtputf8 and "SMTPUTF8" not in self._extensions:
-            raise SmtpError("the server does not offer SMTPUTF8, which this address needs")
+            raise SmtpEnvelopeError("the server does not offer SMTPUTF8, which this address needs")
         options = " SMTPUTF8" if transaction.smtputf8 else ""
         return (
             f"MAIL FROM:<{transaction.mail_from}>{options}\r\n"

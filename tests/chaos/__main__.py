@@ -23,18 +23,21 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import aiohttp
+
 from services.sim.deliverer import DeliveryRecord
 from services.sim.summary import expect
 from shared.logs import configure_logging
 from tests.chaos import storm, verdict
 from tests.chaos.rounds import BY_NAME, FAULTS, Fault
-from tests.chaos.stack import Stack
+from tests.chaos.stack import ADMIN_TOKEN, RETRY_DELAYS, Stack
 from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL
 
 BONUS_POINTS = 500
 _SAMPLE_S = 0.25
 _MONITOR_WAIT_S = 40.0  # the api's monitor refreshes every 15 s
-_LATE_DOUBLES_S = 3.0  # after every payment is right, how long to watch for a late second email
+_LATE_DOUBLES_S = 3.0
+_API_EVERY_S = 0.2  # after every payment is right, how long to watch for a late second email
 
 
 @dataclass
@@ -53,6 +56,9 @@ class RoundResult:
     monitor_ok: bool = False  # the api's gauges show a consumer on every work queue again
     right_after_s: float | None = None
     failed_deliveries: int = 0
+    api_requests: int = 0
+    api_503: int = 0
+    api_other_5xx: int = 0  # a dependency blip must be a 503, never a 500 (issue 39)
     examples: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -65,6 +71,7 @@ class RoundResult:
             and wrong == 0
             and self.dead_letters == 0
             and self.other_5xx == 0
+            and self.api_other_5xx == 0
             and self.monitor_ok
         )
 
@@ -118,6 +125,40 @@ async def _monitor_sees_consumers(stack: Stack) -> bool:
         await asyncio.sleep(1.0)
 
 
+async def _api_traffic(stack: Stack, result: RoundResult) -> None:
+    """What a shop and an operator do meanwhile: register an order, read it back, every
+    _API_EVERY_S; counts the api's answers (503 is right while a dependency is away)."""
+    base = f"http://127.0.0.1:{stack.ports['api']}"
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        for n in itertools.count():
+            order_id = f"ord_api_{os.getpid()}_{n}"
+            order = {
+                "order_id": order_id,
+                "payment_id": f"pay_api_{os.getpid()}_{n}",
+                "user_id": "user_api",
+                "email": "api@chaos.test",
+                "amount": "10.00",
+                "currency": "USD",
+            }
+            for method, path, body in (
+                ("POST", "/api/orders", order),
+                ("GET", f"/api/orders/{order_id}", None),
+            ):
+                try:
+                    async with session.request(method, base + path, json=body) as response:
+                        status = response.status
+                except (aiohttp.ClientError, TimeoutError):
+                    continue  # the api process restarting: not an answer
+                result.api_requests += 1
+                if status == 503:
+                    result.api_503 += 1
+                elif status >= 500:
+                    result.api_other_5xx += 1
+            await asyncio.sleep(_API_EVERY_S)
+
+
 async def _sample(stack: Stack, samples: Samples) -> None:
     while True:
         samples.append((time.time(), await stack.readiness()))
@@ -126,15 +167,19 @@ async def _sample(stack: Stack, samples: Samples) -> None:
 
 async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundResult:
     result = RoundResult(fault.name, fault.what)
-    stack = Stack(TEST_DATABASE_URL, TEST_AMQP_URL, out)
+    stack = Stack(
+        TEST_DATABASE_URL, TEST_AMQP_URL, out, retry_delays=fault.retry_delays or RETRY_DELAYS
+    )
     config = storm.StormConfig(payments=args.payments, sends_per_s=args.rate, seed=args.seed)
     samples: Samples = []
     sampler: asyncio.Task[None] | None = None
+    api: asyncio.Task[None] | None = None
     try:
         await stack.start(out / f"{fault.name}.log")
         plan = await storm.prepare(stack, config)
         result.payments = len(plan.payments)
         sampler = asyncio.create_task(_sample(stack, samples))
+        api = asyncio.create_task(_api_traffic(stack, result))
         traffic = asyncio.create_task(storm.deliver(stack, plan, config))
         await asyncio.sleep(args.lead)
         try:
@@ -144,6 +189,7 @@ async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundR
             await fault.restore(stack)
         restored = time.time()
         records = await traffic
+        api.cancel()
         _answers(records, result)
 
         expectations = [expect(p, BONUS_POINTS) for p in plan.payments]
@@ -175,8 +221,9 @@ async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundR
     except Exception as e:  # the round failed; the next one starts afresh
         result.error = repr(e)
     finally:
-        if sampler is not None:
-            sampler.cancel()
+        for task in (sampler, api):
+            if task is not None:
+                task.cancel()
         await fault.restore(stack)
         await stack.close()
     return result
@@ -190,9 +237,9 @@ def render(results: list[RoundResult]) -> str:
     header = (
         "| fault | payments right | lost | doubled | wrong state | one-story | dead letters"
         " | 5xx other than 503 | 503 answers (over) | ingest not ready | all ready after"
-        " | all right after |"
+        " | all right after | api 5xx other than 503 (503s / requests) |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 13]
     for r in results:
         c = r.classes
         lines.append(
@@ -200,7 +247,8 @@ def render(results: list[RoundResult]) -> str:
             f" | {c.get('state', 0)} | {c.get('story', 0)} | {r.dead_letters} | {r.other_5xx}"
             f" | {r.answered_503} ({r.unavailable_s:.1f} s) | {r.ingest_unready_s:.1f} s"
             f" | {_seconds(r.ready_after_s)}"
-            f" | {_seconds(r.right_after_s)} |"
+            f" | {_seconds(r.right_after_s)}"
+            f" | {r.api_other_5xx} ({r.api_503} / {r.api_requests}) |"
         )
     return "\n".join(lines)
 

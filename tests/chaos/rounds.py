@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import asyncpg
+
 from tests import faults
 from tests.chaos.stack import Stack
 
@@ -59,6 +61,32 @@ async def _stall_smtp(stack: Stack) -> None:
     stack.smtp_proxy.stall()
 
 
+# Issue 39's outage rounds: longer than the whole ladder, which they shorten to 1.4 s. A cut
+# proxy is what a stopped server is to its clients (every connection reset, every new one
+# refused), without stopping the server this machine's other users share.
+FAST_LADDER = "0.2,0.4,0.8"
+OUTAGE_S = 60.0
+TERMINATE_FOR_S = 20.0
+TERMINATE_EVERY_S = 0.5
+
+
+async def _terminate_connections(stack: Stack) -> None:
+    """Every connection to the round's own database terminated every 0.5 s for 20 s (a
+    failover or a pooler restart seen from the services); other databases are left alone."""
+    admin = await asyncpg.connect(stack.database_url, timeout=10)
+    try:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + TERMINATE_FOR_S
+        while loop.time() < until:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            await asyncio.sleep(TERMINATE_EVERY_S)
+    finally:
+        await admin.close()
+
+
 async def _network_back(stack: Stack) -> None:
     stack.amqp_proxy.restore()
     stack.pg_proxy.restore()
@@ -79,6 +107,7 @@ class Fault:
     inject: Step
     hold_s: float = 0.0
     restore: Step = _backing_services_up
+    retry_delays: str | None = None  # the round's RETRY_DELAYS (None: the stack's default)
 
 
 def _both(first: Step, second: Step) -> Step:
@@ -144,6 +173,37 @@ FAULTS: tuple[Fault, ...] = (
         "postgres-restart+kill-orders",
         "pg_ctlcluster restart and kill -9 of orders at once",
         _both(_blocking(faults.postgres_restart), _kill("orders")),
+    ),
+    Fault(
+        "outage-postgres",
+        "PostgreSQL unreachable 60 s (network cut), ladder 0.2,0.4,0.8",
+        _cut_postgres,
+        hold_s=OUTAGE_S,
+        retry_delays=FAST_LADDER,
+        restore=_network_back,  # these rounds stop no server: none to start again
+    ),
+    Fault(
+        "outage-rabbitmq",
+        "RabbitMQ unreachable 60 s (network cut), ladder 0.2,0.4,0.8",
+        _cut_rabbitmq,
+        hold_s=OUTAGE_S,
+        retry_delays=FAST_LADDER,
+        restore=_network_back,  # these rounds stop no server: none to start again
+    ),
+    Fault(
+        "outage-smtp",
+        "SMTP server refusing 60 s, ladder 0.2,0.4,0.8",
+        _cut_smtp,
+        hold_s=OUTAGE_S,
+        retry_delays=FAST_LADDER,
+        restore=_network_back,  # these rounds stop no server: none to start again
+    ),
+    Fault(
+        "outage-pg-terminate",
+        "every database connection terminated every 0.5 s for 20 s, ladder 0.2,0.4,0.8",
+        _terminate_connections,
+        retry_delays=FAST_LADDER,
+        restore=_network_back,  # these rounds stop no server: none to start again
     ),
 )
 

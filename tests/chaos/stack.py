@@ -91,6 +91,7 @@ class Stack:
         *,
         name: str = "chaos",
         proxied: bool = True,
+        retry_delays: str = RETRY_DELAYS,
     ) -> None:
         # Its own database (payhooks_<name>) and queue prefix (<name>.), removed at the end.
         self.database = f"payhooks_{name}"
@@ -100,6 +101,7 @@ class Stack:
         self.amqp_url = amqp_url
         self.workdir = workdir
         self.proxied = proxied  # through TCP proxies (to cut the network), or direct
+        self.retry_delays = retry_delays
         self.pg_proxy = TcpProxy(
             urlsplit(database_url).hostname or "127.0.0.1", urlsplit(database_url).port or 5432
         )
@@ -113,7 +115,7 @@ class Stack:
         self.book = PaymentBook()
         self.ports = ports
         self.topology: Topology = build_topology(
-            self.prefix, Settings.from_env({"RETRY_DELAYS": RETRY_DELAYS}).retry_delays_s
+            self.prefix, Settings.from_env({"RETRY_DELAYS": retry_delays}).retry_delays_s
         )
         self.process: asyncio.subprocess.Process | None = None
         self._controller: Controller | None = None
@@ -151,7 +153,7 @@ class Stack:
             "XHUB_API_KEY": API_KEY,
             "RECONCILE_INTERVAL": "2",
             "RECONCILE_AFTER": "3",
-            "RETRY_DELAYS": RETRY_DELAYS,
+            "RETRY_DELAYS": self.retry_delays,
             "SMTP_PORT": str(self.smtp_proxy.port if self.proxied else self.smtp_port),
             "EMAIL_FROM": "payments@chaos.test",
             "LOG_LEVEL": "WARNING",

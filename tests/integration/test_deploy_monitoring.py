@@ -54,6 +54,7 @@ class Metric:
 _WORKER_METRICS = {
     "payhooks_messages_processed_total": Metric("counter", ("worker", "outcome")),
     "payhooks_processing_duration_seconds": Metric("histogram", ("worker",)),
+    "payhooks_worker_paused": Metric("gauge", ("worker", "dependency")),
 }
 
 # Every service's, beside the process_* and python_info collectors' (tests/integration/

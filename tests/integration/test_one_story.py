@@ -25,7 +25,7 @@ import pytest
 
 from services.bonuses.handler import make_handler as bonus_handler
 from services.email.handler import make_handler as email_handler
-from services.email.sender import SmtpSender, SmtpUnavailableError
+from services.email.sender import SmtpRejectedError, SmtpSender
 from services.sim.summary import actual_effects, story_problems
 from shared.batches import Delivery, Handler, one_by_one
 from shared.bonus_rules import Transition, entries_for
@@ -368,7 +368,7 @@ async def test_one_email_batch_keeps_each_payments_order_and_takes_back_a_failed
 
     assert results[:2] == ["ok", "ok"]
     assert results[3:] == ["ok", "ok"]
-    assert isinstance(results[2], SmtpUnavailableError)
+    assert isinstance(results[2], SmtpRejectedError)
     assert templates_in_arrival_order(sink, a) == [SUCCEEDED_EMAIL, REFUNDED_EMAIL]
     assert templates_in_arrival_order(sink, b) == [REFUNDED_EMAIL]
     assert templates_in_arrival_order(sink, c) == []

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from services.email.sender import SmtpSender, SmtpUnavailableError
+from services.email.sender import SmtpRejectedError, SmtpSender, SmtpUnavailableError
 from services.email.smtp import _content
 from services.email.templates import OutgoingEmail
 
@@ -196,7 +196,7 @@ async def test_a_refused_recipient_in_a_pipelined_transaction_is_an_error(serve:
     scripted = ScriptedServer(pipelining=True, hold_until_data=True, refuse_rcpt=True)
     port = await serve(scripted)
 
-    with pytest.raises(SmtpUnavailableError, match="RCPT TO: 550 no such user"):
+    with pytest.raises(SmtpRejectedError, match="RCPT TO: 550 no such user"):
         await send(port, email("pay_5"))
     assert scripted.contents == []
 
@@ -245,7 +245,7 @@ async def test_a_refused_recipient_fails_that_email_alone_and_the_next_ones_go(
     first, refused, last = await send_many(port, emails_to("a@x.test", "gone@x.test", "c@x.test"))
 
     assert (first, last) == (None, None)
-    assert isinstance(refused, SmtpUnavailableError)
+    assert isinstance(refused, SmtpRejectedError)
     assert "RCPT TO: 550 no such user" in str(refused)
     assert len(scripted.contents) == 2
     assert b"RSET" in scripted.commands  # the half-open transaction ended before the next

@@ -4,6 +4,7 @@ with certificates of a throwaway CA made for the test (trustme)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import email
 import os
@@ -31,12 +32,11 @@ from shared.config import ConfigError, Settings
 from shared.console import EXIT_USAGE
 from shared.errors import PermanentError, TransientError
 from shared.topology import Topology
-from shared.vocabulary import ATTEMPTS, LAST_ERROR, REASON, REFUNDED_EMAIL, SUCCEEDED_EMAIL
+from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
     EMAIL_FROM,
     get_one,
-    header,
     post,
     register,
     start_system,
@@ -333,7 +333,7 @@ async def test_the_email_worker_sends_the_shops_text_through_the_provider(
     assert received.message["Message-ID"] == f"<payment_succeeded.{payment_id}@example.test>"
 
 
-async def test_refused_credentials_retry_on_the_ladder_then_dead_letter(
+async def test_refused_credentials_pause_the_email_worker_until_the_login_works(
     aiohttp_client: Any,
     make_settings: Any,
     certificates: Certificates,
@@ -341,6 +341,8 @@ async def test_refused_credentials_retry_on_the_ladder_then_dead_letter(
     topology: Topology,
     db: Any,
 ) -> None:
+    # Not the email's fault: nothing is dead-lettered however long the credentials stay wrong;
+    # the worker waits, says why on /readyz, and sends once the login works again.
     sink = ProviderSink()
     with provider(sink, certificates.server, implicit=False) as port:
         settings = make_settings(
@@ -356,17 +358,37 @@ async def test_refused_credentials_retry_on_the_ladder_then_dead_letter(
         payment_id = f"pay_{uuid.uuid4().hex[:12]}"
         await register(db, payment_id)
         await post(system.ingest, payment_event(payment_id, "paid"))
-        dlq = topology.work["emails"].dlq
-        dead = await eventually(lambda: get_one(amqp, dlq), lambda m: m is not None, timeout_s=15)
+        email = system.clients["email"][0]
 
-    assert dead is not None
-    assert header(dead, REASON) == "retries_exhausted"
-    assert header(dead, LAST_ERROR).startswith("SmtpLoginError: SMTP 127.0.0.1:")
-    assert WRONG_PASSWORD not in header(dead, LAST_ERROR)
-    # The first try and one per RETRY_DELAYS step (the tests': two), each a refused login.
-    assert header(dead, ATTEMPTS) == str(1 + len(settings.retry_delays_s))
-    assert set(sink.logins) == {(USERNAME, False)}
-    assert sink.received == []
+        async def ready() -> tuple[int, Any]:
+            response = await email.get("/readyz")
+            return response.status, await response.json()
+
+        status, body = await eventually(ready, lambda r: "paused" in r[1], timeout_s=15)
+        assert status == 503
+        [paused] = body["paused"]
+        assert paused["dependency"] == "smtp"
+        assert paused["error"].startswith("SmtpLoginError: SMTP 127.0.0.1:")
+        assert WRONG_PASSWORD not in str(body)
+        # Longer than the whole ladder (0.2 + 0.4 s): still nothing in the DLQ.
+        await asyncio.sleep(3 * sum(settings.retry_delays_s))
+        assert await get_one(amqp, topology.work["emails"].dlq) is None
+        assert sink.received == []
+
+        sink.password = WRONG_PASSWORD  # the provider takes these credentials now
+
+        async def received() -> int:
+            return len(sink.received)
+
+        await eventually(received, lambda n: n == 1, timeout_s=20)
+        status, body = await eventually(ready, lambda r: r[0] == 200, timeout_s=10)
+        assert "paused" not in body
+        # Stopped while the server still runs: its open sessions end with a QUIT.
+        for clients in system.clients.values():
+            for client in clients:
+                await client.close()
+    assert await get_one(amqp, topology.work["emails"].dlq) is None
+    assert sink.logins[-1] == (USERNAME, True)
 
 
 def test_a_template_file_overrides_its_default_and_only_it(tmp_path: Path) -> None:

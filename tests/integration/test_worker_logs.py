@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
 import orjson
 import structlog
 from structlog.testing import capture_logs
@@ -104,13 +105,17 @@ async def test_lines_logged_while_a_message_is_handled_and_after_its_commit_carr
     assert "payment_id" not in next(line for line in logs if line["event"] == "after")
 
 
-async def test_a_database_timeout_is_retried_with_one_line_and_a_bug_with_its_traceback(
+async def test_a_database_conflict_is_retried_with_one_line_and_a_bug_with_its_traceback(
     settings: Settings, topology: Topology, amqp: Any
 ) -> None:
-    # An SMTP stall held a payment's email lock until a batch waiting on it timed out: such a
-    # retry is expected weather (info, no traceback), where an unknown error is a bug.
+    # A deadlock PostgreSQL broke is expected weather (info, no traceback), where an unknown
+    # error is a bug. (A timeout is an outage: the worker pauses, tests/integration/
+    # test_worker_outages.py.)
     await declare(amqp, topology)
-    errors: dict[str, Exception] = {"evt_timeout": TimeoutError(), "evt_bug": RuntimeError("bug")}
+    errors: dict[str, Exception] = {
+        "evt_deadlock": asyncpg.exceptions.DeadlockDetectedError("deadlock detected"),
+        "evt_bug": RuntimeError("bug"),
+    }
 
     async def fail(deliveries: Sequence[Delivery]) -> list[Result]:
         return [errors[d.message_id] for d in deliveries]
@@ -127,9 +132,9 @@ async def test_a_database_timeout_is_retried_with_one_line_and_a_bug_with_its_tr
             await eventually(captured, lambda got: set(lines(got, "message.retried")) == {*errors})
 
     retried = lines(logs, "message.retried")
-    assert retried["evt_timeout"]["log_level"] == "info"
-    assert retried["evt_timeout"]["error"] == "TimeoutError"
-    assert retried["evt_timeout"]["exc_info"] is False
+    assert retried["evt_deadlock"]["log_level"] == "info"
+    assert retried["evt_deadlock"]["error"] == "DeadlockDetectedError: deadlock detected"
+    assert retried["evt_deadlock"]["exc_info"] is False
     assert retried["evt_bug"]["log_level"] == "error"
     assert retried["evt_bug"]["error"] == "RuntimeError: bug"
     assert isinstance(retried["evt_bug"]["exc_info"], RuntimeError)

@@ -16,7 +16,8 @@ from services.api.console.render import render
 from services.api.console.sessions import CSRF, CSRF_COOKIE, CSRF_FIELD, SIGNED_IN, Gate
 from shared import dlq_lock
 from shared.db import DB_POOL, TRANSIENT_DB_ERRORS
-from shared.errors import UnavailableError
+from shared.errors import Dependency, UnavailableError
+from shared.outages import outage_of
 
 log = structlog.get_logger(__name__)
 
@@ -91,7 +92,12 @@ async def _answer(gate: Gate, request: web.Request, handler: Handler) -> web.Str
         later = error(request, 503, f"Try again in a few seconds: {_why(e)}")
         later.headers["Retry-After"] = str(RETRY_AFTER_S)
         return later
-    except Exception:
+    except Exception as e:
+        if outage_of(e) is not None:  # the workers' classification: a blip, not a bug
+            log.warning("console.unavailable", path=request.path, error=repr(e))
+            later = error(request, 503, f"Try again in a few seconds: {_why(e)}")
+            later.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return later
         log.exception("console.failed", method=request.method, path=request.path)
         return error(request, 500, "Something went wrong on our side (it is logged).")
 
@@ -99,7 +105,7 @@ async def _answer(gate: Gate, request: web.Request, handler: Handler) -> web.Str
 def _why(e: BaseException) -> str:
     if isinstance(e, dlq_lock.DlqBusyError):
         return "another operator or command is reading this dead-letter queue."
-    if isinstance(e, UnavailableError):
+    if isinstance(e, UnavailableError) or outage_of(e) is Dependency.RABBITMQ:
         return "RabbitMQ is not available."
     return "PostgreSQL is not available."
 
