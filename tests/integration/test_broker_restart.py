@@ -1,18 +1,22 @@
-"""RabbitMQ restarted under running services: every consumer comes back by itself.
+"""RabbitMQ gone and back under running services: every consumer comes back by itself.
 
 The round-1 services reconnected after `rabbitmqctl stop_app` / `start_app` but never
 consumed again (the work queue was taken with `get_queue(ensure=False)`, which aio-pika's
 robust channel does not restore), while every /readyz said ready. This is the regression test:
-the real broker goes away for 10 s, comes back, and a new paid webhook is processed end to end
+the broker goes away for 10 s, comes back, and a new paid webhook is processed end to end
 within 30 s with no service restarted; while a worker has no consumer its /readyz says so.
+
+The services reach the machine's RabbitMQ through a TcpProxy, and the proxy is cut, never the
+broker: other clients share it (its side sees every connection closed, as in a restart, and
+takes back what they held unacknowledged).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -25,10 +29,10 @@ from shared.batches import Delivery, Result
 from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import Topology, declare
-from tests import faults
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
+    EMAIL_FROM,
     WORK_QUEUE,
     consumer_counts,
     effects,
@@ -40,6 +44,7 @@ from tests.integration.system import (
     system_settings,
 )
 from tests.integration.test_worker_message_id import publish, running_worker
+from tests.proxy import TcpProxy, proxy_to, via
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,13 +53,13 @@ RECOVERY_BUDGET_S = 30.0
 
 
 @pytest.fixture
-def local_broker() -> None:
+async def rabbitmq_path(settings: Settings) -> AsyncIterator[TcpProxy]:
+    """The way to RabbitMQ the test's services take, which the test cuts."""
+    proxy = await proxy_to(settings.amqp_url, 5672)
     try:
-        faults.require_rabbitmqctl()
-    except faults.FaultUnavailableError as e:
-        if os.environ.get("CI"):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
+        yield proxy
+    finally:
+        await proxy.close()
 
 
 async def statuses(system: Any) -> dict[str, int]:
@@ -66,7 +71,7 @@ async def statuses(system: Any) -> dict[str, int]:
 
 
 async def test_services_consume_again_after_rabbitmq_restarts(
-    local_broker: None,
+    rabbitmq_path: TcpProxy,
     aiohttp_client: Any,
     make_settings: Any,
     smtp: tuple[SmtpSink, int],
@@ -75,7 +80,10 @@ async def test_services_consume_again_after_rabbitmq_restarts(
     db: Any,
 ) -> None:
     sink, port = smtp
-    settings: Settings = system_settings(make_settings, port)
+    url = system_settings(make_settings, port).amqp_url
+    settings = make_settings(
+        SMTP_PORT=str(port), EMAIL_FROM=EMAIL_FROM, AMQP_URL=via(url, rabbitmq_path)
+    )
     system = await start_system(aiohttp_client, settings, amqp, topology)
     await register(db, "pay_before")
     await register(db, "pay_after")
@@ -84,7 +92,7 @@ async def test_services_consume_again_after_rabbitmq_restarts(
     assert await statuses(system) == dict.fromkeys(system.clients, 200)
 
     try:
-        await asyncio.to_thread(faults.rabbitmq_stop_app)
+        rabbitmq_path.cut()
         # Every service says it can't work while the broker is away (the workers because
         # their consumers are gone with the connection).
         await eventually(
@@ -94,7 +102,7 @@ async def test_services_consume_again_after_rabbitmq_restarts(
         )
         await asyncio.sleep(DOWN_S)
     finally:
-        await asyncio.to_thread(faults.ensure_rabbitmq)
+        rabbitmq_path.restore()
     back = time.monotonic()
 
     # No service restarted: the same apps reconnect and consume again.
@@ -159,7 +167,7 @@ async def test_a_connection_that_never_comes_back_is_replaced_and_consumed_again
 
 
 async def test_a_batch_in_hand_while_rabbitmq_restarts_does_not_stop_the_worker(
-    local_broker: None, settings: Settings, amqp: Any, topology: Topology
+    rabbitmq_path: TcpProxy, settings: Settings, amqp: Any, topology: Topology
 ) -> None:
     """`make chaos` (rabbitmq-stop, rabbitmq-kill, cut-rabbitmq): a batch finished after its
     channel closed asked aio-pika for the message's channel to ack it, which raises on a
@@ -179,16 +187,17 @@ async def test_a_batch_in_hand_while_rabbitmq_restarts_does_not_stop_the_worker(
             await release.wait()
         return ["ok"] * len(deliveries)
 
-    async with running_worker(settings, topology, amqp, lambda _: handle) as worker:
+    proxied = replace(settings, amqp_url=via(settings.amqp_url, rabbitmq_path))
+    async with running_worker(proxied, topology, amqp, lambda _: handle) as worker:
         await publish(amqp, queue, orjson.dumps(payment_event("pay_held")), "evt_held")
         await asyncio.wait_for(holding.wait(), 10)
         try:
-            await asyncio.to_thread(faults.rabbitmq_stop_app)
+            rabbitmq_path.cut()
             release.set()  # the batch ends while its channel is closed
             await asyncio.sleep(1.0)
             assert await worker.consuming() is False
         finally:
-            await asyncio.to_thread(faults.ensure_rabbitmq)
+            rabbitmq_path.restore()
 
         async with await aio_pika.connect(TEST_AMQP_URL) as connection:
             channel = await connection.channel()
