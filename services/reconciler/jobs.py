@@ -70,97 +70,121 @@ async def reconcile_once(
 ) -> int:
     """Check one claim of due orders (`size`, by default a second of the provider's rate
     limit); return how many the provider was asked about (a full claim means more may be
-    waiting; fewer, that none are or the provider is failing)."""
+    waiting; fewer, that none are or the provider is failing). An order whose question did
+    not end (a repair not published, a crash) is due again when its lease runs out."""
     size = size or schedule.claim_size(client.policy.rate_per_s)
     rows = await schedule.claim(pool, size, timing)
-    for index, row in enumerate(rows):
-        metrics.asked.labels(**{"class": CLASS_NAMES[row["check_class"]]}).inc()
-        payment_id = row["payment_id"]
-        try:
-            payment = await client.get_payment(payment_id)
-        except PaymentNotFoundError:
-            metrics.checked.labels(result="not_found").inc()
-            log.warning("reconcile.unknown_to_provider", payment_id=payment_id)
-            continue
-        except (TransientError, ProviderAuthError) as e:
-            # The provider is down, throttling us, or refuses our key: asking about the next
-            # order would only hammer it. The pass ends; the rest are due again next pass.
-            metrics.checked.labels(result="provider_error").inc()
-            log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
-            await schedule_sql.reschedule_now(pool, [r["payment_id"] for r in rows[index:]])
-            return index
-        except PermanentError as e:  # an answer about this payment we cannot use
-            metrics.checked.labels(result="provider_error").inc()
-            log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
-            continue
-        state = OrderState.from_row(row)
-        try:
-            event = ProviderEvent(
-                event_type=STATUS_CHANGED,
-                status=payment.status.lower(),  # as parse_event reads a webhook's
-                payment_id=payment_id,
-                amount=payment.amount,
-                currency=payment.currency,
-                occurred_at=payment.updated_at,
-                checked_at=row["checked_at"],
-            )
-        except PermanentError as e:
-            metrics.checked.labels(result="provider_error").inc()
-            log.warning("reconcile.unusable_answer", payment_id=payment_id, error=str(e))
-            continue
-        decision = decide(state, event)
-        if not decision.events:
-            if decision.reason is Reason.REFUNDED_BEFORE_REVERSAL:
-                metrics.checked.labels(result="stale_answer").inc()
-                log.info("reconcile.stale_answer", payment_id=payment_id, status=payment.status)
-            elif row["undecided_since"] is None:
-                metrics.checked.labels(result="in_sync").inc()
-            elif agrees(state, event):
-                await orders_sql.clear_undecided(pool, payment_id, row["checked_at"])
-                metrics.checked.labels(result="resolved").inc()
-                log.info("reconcile.resolved", payment_id=payment_id, status=state.status.value)
-            else:  # asked again every RECONCILE_INTERVAL; alerted on past a bound
-                metrics.checked.labels(result="undecided").inc()
-                log.warning(
-                    "reconcile.still_undecided",
-                    payment_id=payment_id,
-                    status=state.status.value,
-                    provider_status=payment.status,
-                    provider_amount=str(payment.amount),
-                )
-            continue
-        event_id, body = synthetic_event(payment, row["checked_at"])
-        [error] = await broker.publish_many(
-            [
-                Outgoing(
-                    STATUS_CHANGED,
-                    body,
-                    event_id,
-                    STATUS_CHANGED,
-                    {"provider": PROVIDER, **reconciler_headers(row["checked_at"])},
-                )
-            ],
-            _PUBLISH_TIMEOUT_S,
-        )
-        if error is not None:
-            # The order keeps its reconciled_at; it is asked about again next interval.
-            metrics.checked.labels(result="publish_failed").inc()
-            log.warning("reconcile.publish_failed", payment_id=payment_id, error=repr(error))
-            continue
-        transition = decision.events[-1]
-        metrics.checked.labels(result="repaired").inc()
-        metrics.repairs.labels(
-            **{"from": state.status.value, "to": transition.to_status.value}
-        ).inc()
-        log.info(
-            "reconcile.repaired",  # counted in payhooks_reconcile_repairs_total
+    answered: list[asyncpg.Record] = []
+    try:
+        for index, row in enumerate(rows):
+            metrics.asked.labels(**{"class": CLASS_NAMES[row["check_class"]]}).inc()
+            try:
+                if await _ask_about(row, pool, broker, client, metrics):
+                    answered.append(row)
+            except _ProviderFailingError:
+                # Asking about the next order would only hammer it: the pass ends, and the
+                # rest of the claim is due again at once.
+                await schedule_sql.reschedule_now(pool, [r["payment_id"] for r in rows[index:]])
+                return index
+        return len(rows)
+    finally:
+        if answered:
+            await schedule_sql.schedule_next(pool, answered)
+
+
+class _ProviderFailingError(Exception):
+    """The provider is down, throttling us, or refuses our key."""
+
+
+async def _ask_about(
+    row: asyncpg.Record,
+    pool: asyncpg.Pool[Any],
+    broker: Broker,
+    client: ProviderClient,
+    metrics: ReconcilerMetrics,
+) -> bool:
+    """Ask the provider about one claimed order and act on the answer; False if the question
+    did not end (the repair it called for was not published)."""
+    payment_id = row["payment_id"]
+    try:
+        payment = await client.get_payment(payment_id)
+    except PaymentNotFoundError:
+        metrics.checked.labels(result="not_found").inc()
+        log.warning("reconcile.unknown_to_provider", payment_id=payment_id)
+        return True
+    except (TransientError, ProviderAuthError) as e:
+        metrics.checked.labels(result="provider_error").inc()
+        log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
+        raise _ProviderFailingError from e
+    except PermanentError as e:  # an answer about this payment we cannot use
+        metrics.checked.labels(result="provider_error").inc()
+        log.warning("reconcile.provider_failed", payment_id=payment_id, error=str(e))
+        return True
+    state = OrderState.from_row(row)
+    try:
+        event = ProviderEvent(
+            event_type=STATUS_CHANGED,
+            status=payment.status.lower(),  # as parse_event reads a webhook's
             payment_id=payment_id,
-            from_status=state.status.value,
-            to_status=transition.to_status.value,
-            provider_status=payment.status,
-            event_id=event_id,
+            amount=payment.amount,
+            currency=payment.currency,
+            occurred_at=payment.updated_at,
+            checked_at=row["checked_at"],
         )
-    return len(rows)
+    except PermanentError as e:
+        metrics.checked.labels(result="provider_error").inc()
+        log.warning("reconcile.unusable_answer", payment_id=payment_id, error=str(e))
+        return True
+    decision = decide(state, event)
+    if not decision.events:
+        if decision.reason is Reason.REFUNDED_BEFORE_REVERSAL:
+            metrics.checked.labels(result="stale_answer").inc()
+            log.info("reconcile.stale_answer", payment_id=payment_id, status=payment.status)
+        elif row["undecided_since"] is None:
+            metrics.checked.labels(result="in_sync").inc()
+        elif agrees(state, event):
+            await orders_sql.clear_undecided(pool, payment_id, row["checked_at"])
+            metrics.checked.labels(result="resolved").inc()
+            log.info("reconcile.resolved", payment_id=payment_id, status=state.status.value)
+        else:  # asked again every RECONCILE_INTERVAL; alerted on past a bound
+            metrics.checked.labels(result="undecided").inc()
+            log.warning(
+                "reconcile.still_undecided",
+                payment_id=payment_id,
+                status=state.status.value,
+                provider_status=payment.status,
+                provider_amount=str(payment.amount),
+            )
+        return True
+    event_id, body = synthetic_event(payment, row["checked_at"])
+    [error] = await broker.publish_many(
+        [
+            Outgoing(
+                STATUS_CHANGED,
+                body,
+                event_id,
+                STATUS_CHANGED,
+                {"provider": PROVIDER, **reconciler_headers(row["checked_at"])},
+            )
+        ],
+        _PUBLISH_TIMEOUT_S,
+    )
+    if error is not None:  # the broker blinked: asked again once the lease runs out
+        metrics.checked.labels(result="publish_failed").inc()
+        log.warning("reconcile.publish_failed", payment_id=payment_id, error=repr(error))
+        return False
+    transition = decision.events[-1]
+    metrics.checked.labels(result="repaired").inc()
+    metrics.repairs.labels(**{"from": state.status.value, "to": transition.to_status.value}).inc()
+    log.info(
+        "reconcile.repaired",  # counted in payhooks_reconcile_repairs_total
+        payment_id=payment_id,
+        from_status=state.status.value,
+        to_status=transition.to_status.value,
+        provider_status=payment.status,
+        event_id=event_id,
+    )
+    return True
 
 
 async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dict[str, int]:

@@ -37,14 +37,36 @@ class Timing:
     interval_s: float  # RECONCILE_INTERVAL
     horizon_s: float  # RECONCILE_HORIZON
 
+    @property
+    def lease_s(self) -> float:
+        """How long a claimed order is the claimer's: longer than a question can take (the
+        provider client's 30 s deadline), so only an unfinished one comes back."""
+        return max(60.0, 2 * self.interval_s)
+
 
 _CLASS = "payhooks_check_class(status, undecided_since)"
 _AFTER = "make_interval(secs => $2)"
 _HORIZON = "make_interval(secs => $4)"
 
-# Due orders of class $1, at most $3, the most overdue first; rescheduled in the same
+# When an order is due again once the provider has answered about it (the module's rules).
+_NEXT = f"""(
+    CASE
+    WHEN o.undecided_since > now() - interval '1 day' THEN now() + make_interval(secs => $5)
+    WHEN o.undecided_since IS NOT NULL
+         THEN now() + greatest(make_interval(secs => $5), now() - o.updated_at)
+    WHEN o.updated_at + {_HORIZON} <= now() THEN 'infinity'
+    ELSE least(o.updated_at + {_HORIZON}, now() + greatest(
+        make_interval(secs => $5),
+        (now() - o.updated_at)
+            * CASE WHEN o.status IN ('PENDING', 'AMOUNT_MISMATCH') THEN 0.25 ELSE 1 END))
+    END
+)"""
+
+# Due orders of class $1, at most $3, the most overdue first; leased for $6 seconds in the same
 # statement, so other reconcilers skip them (SKIP LOCKED, and the recheck of the due condition
-# on a row another claim has just moved on). `checked_at` is when the answer was sought.
+# on a row another claim has just moved on), and a question that never ends (a crash, the
+# broker or the database gone half-way) is asked again once the lease runs out. `next_due` is
+# when it is due after an answer (schedule_next). `checked_at` is when the answer was sought.
 _CLAIM = f"""
 WITH rescheduled AS (
     SELECT payment_id, next_check_at AS due_at FROM orders
@@ -64,20 +86,12 @@ WITH rescheduled AS (
 ), claimed AS (
 UPDATE orders o SET
     reconciled_at = now(),
-    next_check_at = CASE
-        WHEN o.undecided_since > now() - interval '1 day' THEN now() + make_interval(secs => $5)
-        WHEN o.undecided_since IS NOT NULL
-             THEN now() + greatest(make_interval(secs => $5), now() - o.updated_at)
-        WHEN o.updated_at + {_HORIZON} <= now() THEN 'infinity'
-        ELSE least(o.updated_at + {_HORIZON}, now() + greatest(
-            make_interval(secs => $5),
-            (now() - o.updated_at)
-                * CASE WHEN o.status IN ('PENDING', 'AMOUNT_MISMATCH') THEN 0.25 ELSE 1 END))
-        END
+    next_check_at = now() + make_interval(secs => $6)
 FROM picked WHERE o.payment_id = picked.payment_id
 RETURNING o.payment_id, o.status, o.amount, o.currency, o.refunded_amount, o.refunded_at,
           o.refund_ids, o.reversed_refund_ids, o.updated_at, o.undecided_since,
-          o.reconciled_at AS checked_at, {_CLASS} AS check_class, picked.due_at
+          o.reconciled_at AS checked_at, {_CLASS} AS check_class, picked.due_at,
+          o.next_check_at AS lease_until, {_NEXT} AS next_due
 )
 SELECT * FROM claimed ORDER BY due_at
 """
@@ -92,7 +106,7 @@ _CLAIM_BY_CLASS: Final = {
 async def claim_due(
     conn: Executor, check_class: int, limit: int, timing: Timing
 ) -> list[asyncpg.Record]:
-    """At most `limit` due orders of one class, the most overdue first, each rescheduled."""
+    """At most `limit` due orders of one class, the most overdue first, each leased."""
     if limit <= 0:
         return []
     return await conn.fetch(
@@ -102,6 +116,22 @@ async def claim_due(
         limit,
         timing.horizon_s,
         timing.interval_s,
+        timing.lease_s,
+    )
+
+
+async def schedule_next(conn: Executor, answered: Sequence[asyncpg.Record]) -> None:
+    """Claimed orders the provider has answered about: due again at their `next_due`, unless
+    something changed the order's schedule since the claim (a change: due RECONCILE_AFTER
+    after it; a flag: due at once)."""
+    await conn.execute(
+        "UPDATE orders o SET next_check_at = t.next_due"
+        " FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[])"
+        " AS t(payment_id, next_due, lease_until)"
+        " WHERE o.payment_id = t.payment_id AND o.next_check_at = t.lease_until",
+        [r["payment_id"] for r in answered],
+        [r["next_due"] for r in answered],
+        [r["lease_until"] for r in answered],
     )
 
 

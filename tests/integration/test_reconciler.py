@@ -5,6 +5,8 @@ reconcilers do one repair."""
 from __future__ import annotations
 
 import asyncio
+import socket
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.queries import orders as orders_sql
+from shared.queries import schedule as schedule_sql
 from shared.queries.schedule import Timing
 from shared.topology import Topology
 from shared.web import REGISTRY
@@ -535,4 +538,76 @@ async def test_an_undecided_order_the_provider_cannot_settle_stays_flagged(
             registry.get_sample_value("payhooks_reconcile_checked_total", {"result": "undecided"}),
         ),
         lambda v: v == 1,
+    )
+
+
+async def test_a_repair_the_broker_did_not_take_is_asked_again_when_its_lease_runs_out(
+    db: Any, topology: Topology, provider: FakeProvider
+) -> None:
+    """The broker blinked as the repair was published: the order is not pushed to its next
+    growing interval (days, for an old SETTLED one) but due again after the claim's lease;
+    the orders the provider did answer about go to their next interval."""
+    await register(db, "pay_unpublished", status="SETTLED")
+    await register(db, "pay_in_sync", status="SETTLED")
+    for payment_id in ("pay_unpublished", "pay_in_sync"):
+        await db.execute(
+            "UPDATE orders SET updated_at = now() - interval '10 days', next_check_at = NULL"
+            " WHERE payment_id = $1",
+            payment_id,
+        )
+    provider.set("pay_unpublished", "refunded")  # a lost refund: a repair to publish
+    provider.set("pay_in_sync", "settled")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    broker = Broker(f"amqp://guest:guest@127.0.0.1:{closed_port}/", topology)  # never there
+    registry = CollectorRegistry()
+    client = ProviderClient(
+        provider.url, API_KEY, metrics=ProviderMetrics.create(registry),
+        policy=ProviderPolicy(rate_per_s=1000),
+    )  # fmt: skip
+    await client.start()
+    try:
+        metrics = ReconcilerMetrics.create(registry)
+        assert await reconcile_once(db, broker, client, metrics, TIMING) == 2
+    finally:
+        await client.close()
+        await broker.close()
+
+    ahead = {
+        r["payment_id"]: float(r["ahead_s"])
+        for r in await db.fetch(
+            "SELECT payment_id, extract(epoch FROM next_check_at - now()) AS ahead_s"
+            " FROM orders WHERE payment_id = ANY($1::text[])",
+            ["pay_unpublished", "pay_in_sync"],
+        )
+    }
+    assert ahead["pay_unpublished"] == pytest.approx(TIMING.lease_s, abs=10)
+    assert ahead["pay_in_sync"] == pytest.approx(10 * 86_400, abs=10)
+    assert metrics.checked.labels(result="publish_failed")._value.get() == 1
+
+
+async def test_an_order_changed_while_it_was_asked_about_keeps_its_new_schedule(
+    db: Any,
+) -> None:
+    """The orders worker changed the order between the claim and the answer (a webhook came):
+    due RECONCILE_AFTER after that change, not at the answer's next interval."""
+    await register(db, "pay_changed_meanwhile", status="PAID")
+    await db.execute(
+        "UPDATE orders SET updated_at = now() - interval '2 hours'"
+        " WHERE payment_id = 'pay_changed_meanwhile'"
+    )
+    [row] = await schedule.claim(db, 10, TIMING)
+    await orders_sql.save_order_states(
+        db,
+        [orders_sql.OrderStateRow("pay_changed_meanwhile", "SETTLED", Decimal(0), None, [], [])],
+    )
+
+    await schedule_sql.schedule_next(db, [row])
+
+    assert (
+        await db.fetchval(
+            "SELECT next_check_at FROM orders WHERE payment_id = 'pay_changed_meanwhile'"
+        )
+        is None
     )
