@@ -52,8 +52,11 @@ WORK_QUEUE = {"orders": "orders", "bonuses": "bonuses", "email": "emails"}
 FINAL_OUTCOMES = ("ok", "skipped_duplicate", "dead_lettered")
 
 
-def system_settings(make_settings: Callable[..., Settings], smtp_port: int) -> Settings:
-    return make_settings(SMTP_PORT=str(smtp_port), EMAIL_FROM=EMAIL_FROM)
+def system_settings(
+    make_settings: Callable[..., Settings], smtp_port: int, **overrides: str
+) -> Settings:
+    """The services' settings: the test's SMTP sink, and any variable `overrides` names."""
+    return make_settings(SMTP_PORT=str(smtp_port), EMAIL_FROM=EMAIL_FROM, **overrides)
 
 
 @dataclass

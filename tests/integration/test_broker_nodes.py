@@ -16,7 +16,6 @@ from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
-    EMAIL_FROM,
     System,
     effects,
     post,
@@ -69,11 +68,8 @@ async def test_services_follow_the_cluster_when_the_node_they_are_on_is_lost(
     effects once."""
     first, second = nodes
     url = system_settings(make_settings, smtp[1]).amqp_url
-    settings = make_settings(
-        SMTP_PORT=str(smtp[1]),
-        EMAIL_FROM=EMAIL_FROM,
-        AMQP_URL=f"{via(url, first)},{via(url, second)}",
-    )
+    cluster = f"{via(url, first)},{via(url, second)}"
+    settings = system_settings(make_settings, smtp[1], AMQP_URL=cluster)
     system: System = await start_system(aiohttp_client, settings, amqp, topology)
     done = {"status": "PAID", "bonus": 500, "ledger": ["grant"], "emails": ["payment_succeeded"]}
     await register(db, "pay_before_loss")

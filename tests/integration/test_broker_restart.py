@@ -32,7 +32,6 @@ from shared.topology import Topology, declare
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
-    EMAIL_FROM,
     WORK_QUEUE,
     consumer_counts,
     effects,
@@ -81,9 +80,7 @@ async def test_services_consume_again_after_rabbitmq_restarts(
 ) -> None:
     sink, port = smtp
     url = system_settings(make_settings, port).amqp_url
-    settings = make_settings(
-        SMTP_PORT=str(port), EMAIL_FROM=EMAIL_FROM, AMQP_URL=via(url, rabbitmq_path)
-    )
+    settings = system_settings(make_settings, port, AMQP_URL=via(url, rabbitmq_path))
     system = await start_system(aiohttp_client, settings, amqp, topology)
     await register(db, "pay_before")
     await register(db, "pay_after")
