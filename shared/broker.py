@@ -42,6 +42,7 @@ _STUCK_AFTER_S = 30.0
 # With a cluster's nodes to choose from, a node gone this long is given up for the next one
 # (aio-pika's own reconnect only ever tries the node it lost).
 NODE_LOST_AFTER_S = 3.0
+_STILL_WAITING_EVERY_S = 60.0
 _CLOSE_S = 5.0  # a connection that does not close by then is left to the garbage collector
 _WATCH_INTERVAL_S = 2.0
 # How often a wait for confirms looks whether RabbitMQ has blocked the connection meanwhile.
@@ -251,7 +252,7 @@ class Broker:
                 return
 
     async def _connect_forever(self) -> None:
-        attempt = 0
+        attempt, said_at = 0, 0.0
         while True:
             # Built by hand rather than with connect_robust() so that a failure or a
             # cancellation half-way (shutdown during startup) can always close it: a robust
@@ -285,9 +286,20 @@ class Broker:
                 if attempt % len(self._nodes) == 0:
                     rounds = attempt // len(self._nodes)
                     delay = _RECONNECT_BACKOFF_S[min(rounds - 1, len(_RECONNECT_BACKOFF_S) - 1)]
-                log.warning(
-                    "broker.connect_failed", node=failed_node, error=repr(e), retry_in_s=delay
-                )
+                # A broker that stays away is said once, plainly, then once a minute: not a
+                # line every few seconds for as long as it is down.
+                now = time.monotonic()
+                if attempt == 1 or now - said_at >= _STILL_WAITING_EVERY_S:
+                    said_at = now
+                    log.warning(
+                        "broker.unreachable" if attempt == 1 else "broker.still_unreachable",
+                        node=failed_node,
+                        attempts=attempt,
+                        error=repr(e),
+                        hint="payhooks waits for RabbitMQ and connects by itself once it is"
+                        " reachable: start it (e.g. `rabbitmq-server -detached`) or set"
+                        " AMQP_URL to where it runs",
+                    )
                 await asyncio.sleep(delay)
                 continue
             if _cancelling():  # cancelled, but aio-pika swallowed it

@@ -5,11 +5,13 @@ node. A real three-node cluster is the chaos harness's business."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from shared.broker import NODE_LOST_AFTER_S, Broker
 from shared.topology import Topology
@@ -88,3 +90,20 @@ async def test_services_follow_the_cluster_when_the_node_they_are_on_is_lost(
         ready = await clients[0].get("/readyz")
         body = await ready.json()
         assert body["serving"]["rabbitmq"] == second.address, name
+
+
+async def test_a_broker_that_stays_away_is_said_once_plainly_not_every_few_seconds(
+    settings: Any, topology: Topology, nodes: tuple[TcpProxy, TcpProxy]
+) -> None:
+    down, _ = nodes
+    down.cut()
+    broker = Broker(via(settings.amqp_url, down), topology)
+    with capture_logs() as logs:
+        await broker.start()
+        await asyncio.sleep(4)  # attempts after 0.5, 1 and 2 s: four failures
+        await broker.close()
+
+    said = [e for e in logs if e["event"].startswith("broker.")]
+    assert [e["event"] for e in said] == ["broker.unreachable"]
+    assert said[0]["node"] == down.address
+    assert "rabbitmq-server" in said[0]["hint"]
