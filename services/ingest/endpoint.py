@@ -102,6 +102,11 @@ async def receive_webhook(request: web.Request) -> web.Response:
 async def _answer(request: web.Request, deadline: float) -> _Answer:
     """The answer to one delivery; `deadline` (event loop time) ends the answer budget."""
     settings = request.app[SETTINGS]
+    if (request.content_length or 0) > settings.max_body_bytes:
+        # Declared too large: answered at once, not after waiting for a body never read.
+        answer = _error(413, "too_large", f"body over {settings.max_body_bytes} bytes")
+        answer.close = True
+        return answer
     try:
         delivery = read_headers(request.headers)
         body = await read_body(request)

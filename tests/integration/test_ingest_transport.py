@@ -246,3 +246,23 @@ async def test_the_answer_budget_runs_from_the_arrival_of_the_request(
     assert budget_s - 0.1 < answered_s < budget_s + SLACK_S, f"answered after {answered_s:.2f}s"
     (line,) = _received(logs)
     assert line["reason"] == "no answer within the budget"
+
+
+async def test_a_body_declared_over_the_limit_is_413_at_once_without_waiting_for_it(
+    serve: Serve, make_settings: Callable[..., Settings], db: Any, amqp: Any
+) -> None:
+    """A Content-Length above INGEST_MAX_BODY is answered 413 from the header, not 503 after
+    waiting 5 s for a body that is never read."""
+    port = await serve(create_app(make_settings(INGEST_MAX_BODY="1024")))
+    _, headers = delivery(payment_event(), SECRET)
+    reader, writer = await _open(port)
+    started = time.monotonic()
+    writer.write(_head(headers, "Content-Length: 5000\r\n"))  # and no body at all
+    await writer.drain()
+    async with asyncio.timeout(10):
+        status_line = await reader.readline()
+    writer.close()
+
+    assert status_line.startswith(b"HTTP/1.1 413"), status_line
+    assert time.monotonic() - started < 1.0
+    assert await _stored(db, headers["X-Webhook-Id"]) == 0
