@@ -56,7 +56,7 @@ def programs(env: Mapping[str, str]) -> list[Program]:
                     "-l",
                     f"127.0.0.1:{port}",
                     "-c",
-                    "aiosmtpd.handlers.Debugging",
+                    "services.cli.dev_smtp.Printer",
                 ),
             )
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,8 +53,11 @@ from tests.integration.system import (
 from tests.integration.test_api_operators import AUTH, done_with, new_order
 from tests.integration.test_dlq import Letter, new_id, put_dead_letters, queue_ids
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
+# Found on PATH, under any of the names distributions give them.
+CHROMIUM = next(
+    (p for n in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(n))), None
+)
+CHROMEDRIVER = shutil.which("chromedriver")
 TOKENS = "ann:operator:ann-token,shop:orders:shop-token"
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / os.environ.get("CONSOLE_SCREENSHOTS", "build/console-screenshots")
@@ -86,18 +90,18 @@ Locator = str | tuple[str, str]  # a CSS selector, or (By.<how>, what)
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[webdriver.Chrome]:
     """One headless chromium for the module (it takes a second or two to start)."""
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+    if CHROMIUM is None or CHROMEDRIVER is None:
         pytest.skip(
             "chromium/chromedriver not installed (apt-get install chromium chromium-driver):"
             " console browser tests skipped"
         )
     options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
+    options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(arg)
     options.add_argument("--window-size=1280,900")
     # The driver's path given: selenium-manager never downloads anything.
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     try:
         yield driver
     finally:
