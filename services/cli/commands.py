@@ -99,7 +99,7 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
     order = view["order"]
     if order is None:
-        print(f"payment {args.payment_id}: NO ORDER REGISTERED (events wait in orders.dlq)")
+        print(f"payment {args.payment_id}: NO ORDER REGISTERED; {_where_events_wait(view)}")
     else:
         print(
             f"payment {args.payment_id}  order {order['order_id']}  user {order['user_id']}"
@@ -257,3 +257,16 @@ async def unrouted_show(settings: Settings, args: argparse.Namespace) -> int:
         counts = ", ".join(f"{event} {n}" for event, n in seen.by_event.items())
         print(f"\n{len(seen.messages)} of {seen.total} shown; all {seen.total} by event: {counts}")
     return EXIT_OK
+
+
+def _where_events_wait(view: dict[str, Any]) -> str:
+    """What is true now of a payment's events while no order is registered for it."""
+    if view["dead_letters"]:
+        return (
+            "its events wait in orders.dlq: register the order (payhooks order add), then"
+            " requeue them (payhooks dlq requeue orders --id ...)"
+        )
+    return (
+        "its events are retried on the orders worker's ladder and dead-lettered to orders.dlq"
+        " if still unknown after it: register the order (payhooks order add) and they apply"
+    )

@@ -643,7 +643,7 @@ async def test_missing_order_registered_then_its_dead_event_requeued_is_processe
     after = await payhooks("payment", "show", payment_id, "--json")
 
     assert before.code == 0, before.err
-    assert f"payment {payment_id}: NO ORDER REGISTERED" in before.out
+    assert f"payment {payment_id}: NO ORDER REGISTERED; its events wait in orders.dlq" in before.out
     dead_section = before.out.split("dead letters:")[1]
     assert event_id in dead_section
     assert "unknown_payment" in dead_section
