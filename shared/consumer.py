@@ -23,8 +23,10 @@ _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 2.0
 _START_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 _WATCH_INTERVAL_S = 2.0
-# After the broker is ready again, how long the robust channel gets to restore the consumer.
-_RECONSUME_AFTER_S = 20.0
+# After the broker is ready again, how long the robust channel gets to restore the consumer:
+# it does so within a second when it does at all (often it does not after a connection was
+# cut, and a worker then sat idle for this long: make chaos, outage-rabbitmq).
+_RECONSUME_AFTER_S = 5.0
 
 
 class Consumer:
