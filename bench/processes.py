@@ -20,9 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # (net.ipv4.ip_local_port_range, 32768-60999 here), which bind(("", 0)) also draws from, so
 # neither another pick nor the outgoing connections of what already runs can take a port
 # between its choice and the server's bind; and above 25672, RabbitMQ's distribution port,
-# which must be free when a test starts a stopped RabbitMQ again. (Seen 2026-12-05: two
-# services of one `payhooks run all` given the same port by bind-to-0, the second failing to
-# bind for good.)
+# which must be free when a test starts a stopped RabbitMQ again. Bind-to-0 once gave two
+# services of one `payhooks run all` the same port, the second failing to bind for good.
 _PORTS = range(26_000, 32_000)
 
 

@@ -13,9 +13,10 @@ from shared.errors import PermanentError
 from shared.topology import message_id
 from shared.vocabulary import CHECKED_AT, RECONCILIATION, SOURCE
 
-# The `order.*` messages are a contract shops may consume (README, "Integrating with your
-# shop"): every one carries this in its `schema` header. Within version 1 fields are only ever
-# added; a change that breaks a consumer gets a new version, published beside it for a release.
+# The `order.*` messages are a contract shops may consume (docs/operations.md, "Integrating
+# with your shop"): every one carries this in its `schema` header. Within version 1 fields are
+# only ever added; a change that breaks a consumer gets a new version, published beside it for
+# a release.
 ORDER_TRANSITION_SCHEMA = "payhooks.order_transition/1"
 
 

@@ -1,6 +1,6 @@
 """The order state machine: a provider event and an order's state in, a decision out. No I/O.
 
-The D-tags name the decisions where the SPEC is silent (README, "Decisions").
+The D-tags name the decisions where the SPEC is silent (docs/decisions.md).
 """
 
 from __future__ import annotations

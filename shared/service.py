@@ -31,17 +31,16 @@ log = structlog.get_logger(__name__)
 # In-flight requests get this long to finish after SIGTERM before connections are closed.
 SHUTDOWN_TIMEOUT_S = 15.0
 # Connections the kernel completes before the service accepts them (capped by
-# net.core.somaxconn, 4,096 by default since Linux 5.4). X-Hub's breaker-release burst opens
-# thousands at once: at 1,024, a 10,000 burst overflowed it 194 times (TcpExtListenOverflows),
-# each a handshake the client retransmits a second or more later.
+# net.core.somaxconn, 4,096 by default since Linux 5.4): X-Hub's breaker-release burst opens
+# thousands at once, and an overflow is a handshake retransmitted a second later
+# (docs/performance.md).
 LISTEN_BACKLOG = 4096
 
 
 async def _freeze_startup_objects(app: web.Application) -> None:
     # Modules, the app and its connections live as long as the process: out of the garbage
-    # collector's sight, its full collections only walk what requests leave behind (they
-    # walked every live object; at ingest's rates that showed as the latency tail: p99 at
-    # c=64 went from 34-57 ms to 22-28 ms with this).
+    # collector's sight, its full collections only walk what requests leave behind, which
+    # shortens the latency tail (docs/performance.md).
     gc.freeze()
 
 

@@ -40,19 +40,13 @@ log = structlog.get_logger(__name__)
 _PUBLISH_TIMEOUT_S = 5.0
 
 # Messages per batch at most, and batches in progress at once (each holds a connection).
-# One: what arrives while a batch is being applied forms the next, so batches grow with the
-# load (bench.workers at full load, N=6,000: 4,737 against 5,533 us of CPU per payment with
-# three batchers, 0.3 against 0.4 commits per payment). Up to 128, as the ceiling's hops take:
-# bench.workers at full load, N=10,000, alternating runs: 1,227-1,359 against 1,429-1,474 us
-# of CPU per payment and 1,254-1,401 against 1,204-1,211 payments/s with 50; 256 did no
-# better. A batch only grows that large behind a backlog: at a steady rate the linger below
-# closes it first. The email worker, which waits on its SMTP server, keeps smaller ones.
+# One batcher: what arrives while a batch is applied forms the next, so batches grow with the
+# load; 128 costs less CPU per payment than 50, 256 no less (docs/performance.md). The email
+# worker, which waits on its SMTP server, keeps smaller ones.
 BATCH_SIZE = 128
 BATCHERS = 1
-# How long a batch that is not full waits for more messages. bench.workers at a steady 190
-# payments/s (half the maximum), one batcher (two for the email worker): 10 ms gave an
-# end-to-end p99 of 112 ms, 20 ms 81 ms and 6.3 instead of 7.9 ms of CPU per payment. Under
-# full load batches fill before it runs out.
+# How long a batch that is not full waits for more messages: at a steady rate, a longer wait
+# makes fewer, larger batches and a lower p99 (docs/performance.md).
 LINGER_S = 0.02
 
 

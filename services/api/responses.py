@@ -11,7 +11,8 @@ from aiohttp import web
 
 PROBLEM_JSON = "application/problem+json"
 
-# code -> title. The codes are the contract clients branch on (README, services/api/openapi.py).
+# code -> title. The codes are the contract clients branch on (docs/operations.md,
+# services/api/openapi/).
 PROBLEMS: dict[str, str] = {
     "invalid_request": "The request is not valid",
     "invalid_order": "The order is not valid",

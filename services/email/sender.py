@@ -72,9 +72,8 @@ class SmtpSender:
         the first byte); the server's certificate is always verified, against `ca_file`'s
         CAs too when given. `connections`: each opened at its first send, then kept; a batch
         of emails is shared out over them, pipelined on each where the server offers
-        PIPELINING (n emails in n + 1 round trips), one command at a time where not (eight:
-        bench.workers 480-536 payments/s against 384-462 with four, the email worker the last
-        stage)."""
+        PIPELINING (n emails in n + 1 round trips), one command at a time where not (eight
+        rather than four: docs/performance.md)."""
         if tls not in SMTP_TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(SMTP_TLS_MODES)}")
         if password is not None and tls == "none":

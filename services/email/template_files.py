@@ -29,7 +29,7 @@ class EmailTemplate:
 def parse_template(source: str) -> EmailTemplate:
     """One template file's text; ValueError saying what is wrong with it (never echoing it).
 
-    The format (README "Configuration", "The emails' texts"): a line `Subject: ...`, an empty
+    The format (docs/configuration.md, "The emails' texts"): a line `Subject: ...`, an empty
     line, the plain-text body, a line `--- html ---`, the HTML body. Placeholders $order_id,
     $amount, $currency ($$ is a dollar sign); blank lines around either body are dropped.
     """

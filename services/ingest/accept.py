@@ -66,17 +66,13 @@ class AcceptorConfig:
     max_batch: int = 256
     max_in_flight: int = 4
     # A batch goes when its oldest webhook has waited gather_s, or as soon as gather_enough
-    # are waiting, or it is full (unless the acceptor is busy, see _gathers). A steady few
-    # hundred a second then make batches of several rather than one or two, each batch being
-    # an INSERT, a commit and a publish; a closed loop of clients, whose answered requests come
-    # back together, is not held for the time. Measured 2026-12-05: a fixed 2 ms made the
-    # prototype benchmark's c=64 1.31x (10 ms: 0.87x) but bench.workers' steady half load cost
-    # 2.6 instead of 1.8 ms of CPU per payment and its p99 went from ~100 to 282 ms.
+    # are waiting, or it is full (unless the acceptor is busy, see _gathers): a steady rate
+    # makes batches of several, a closed loop of clients is not held (docs/performance.md).
     gather_s: float = 0.010
     gather_enough: int = 16
     # Webhooks waiting for a batch are admitted by their predicted wait (admission.py); this
-    # caps them whatever the prediction, for memory (about 14 KB each with its request,
-    # measured on a 10,000 burst). Above X-Hub's breaker-release burst of 10,000.
+    # caps them whatever the prediction, for memory (about 14 KB each, docs/ingest-burst.md),
+    # above X-Hub's breaker-release burst of 10,000.
     max_pending: int = 20_000
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     db_timeout_s: float = 4.0
@@ -86,10 +82,8 @@ class AcceptorConfig:
 class ConfirmMemory:
     """Event ids whose publish was confirmed, each kept at least `keep_s` seconds.
 
-    An OrderedDict, oldest first: forgetting the oldest of a plain dict (next(iter()) after
-    deletes at its front) walks every slot deleted since the dict last resized, 13 us per
-    confirm with 40,000 remembered (4,000 confirms/s), which made ingest slower the longer it
-    ran (2026-12-05: 164 to 253 us of CPU per request within a minute at c=64)."""
+    An OrderedDict, oldest first: forgetting the oldest of a plain dict walks every slot
+    deleted since it last resized, which slows ingest the longer it runs (docs/performance.md)."""
 
     def __init__(self, keep_s: float) -> None:
         self._keep_s = keep_s

@@ -13,9 +13,8 @@ class AdmissionConfig:
     # The rate assumed until one is measured (a process that just started, or whose last
     # measurement is older than forget_after_s). A burst reaches the acceptor faster than it
     # finishes a first batch (X-Hub's breaker-release backlog of 10,000: 9,000 waiting within
-    # 0.6 s, before any batch ended), so this is what admits a first burst. Measured
-    # 2026-12-05 on the 2-core test machine, load generator on the same cores: 3,500-4,500/s
-    # with work waiting; assumed at half that.
+    # 0.6 s, before any batch ended), so this is what admits a first burst: half what the
+    # acceptor finishes with work waiting on a 2-core machine (docs/performance.md).
     assumed_rows_per_s: float = 2000.0
     # Admitted only if its predicted answer comes this long before its deadline: the answer
     # still has to be written, and the rate may drop meanwhile.

@@ -1,6 +1,6 @@
 """X-Hub's delivery contract (seed 000, "Доставка уведомлений") as pure rules, on a clock the
 caller passes in (a simulator or a test compresses hours into nothing). The R-tags name the
-decisions where the seed is silent (README, "The X-Hub simulator")."""
+decisions where the seed is silent (docs/simulator.md)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ ingest and the workers on real PostgreSQL and RabbitMQ:
 - signing in with the keyboard alone.
 
 The story saves screenshots of the main pages to build/console-screenshots/ (git-ignored);
-`CONSOLE_SCREENSHOTS=docs/screenshots` writes them over the README's copies instead. The
+`CONSOLE_SCREENSHOTS=docs/screenshots` writes them over the runbook's copies instead. The
 HTTP-level rules (cookies, CSRF, headers, hostile input) are in test_console.py.
 """
 

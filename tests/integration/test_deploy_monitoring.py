@@ -35,6 +35,7 @@ from shared.broker import BROKER
 from shared.config import Settings
 from shared.topology import build_topology, delete
 from tests.conftest import TEST_AMQP_URL, TEST_SECRETS
+from tests.markdown import github_anchors
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
@@ -61,7 +62,7 @@ _WORKER_METRICS = {
 # test_metrics.py).
 _SERVICE_METRICS = {"payhooks_build_info": Metric("gauge", ("version",))}
 
-# The contract: service -> the metrics it exposes (SPEC section 7, issue 4, README).
+# The contract: service -> the metrics it exposes (SPEC section 7, issue 4, docs/operations.md).
 CONTRACT: dict[str, dict[str, Metric]] = {
     "ingest": {
         "payhooks_webhooks_received_total": Metric("counter", ("provider", "outcome")),
@@ -379,52 +380,17 @@ def test_every_alert_has_severity_summary_and_description() -> None:
         assert re.search(r"^\s*description:\s*\S", block, re.M), name
 
 
-def github_anchors(markdown: str) -> dict[str, str]:
-    """Heading anchor -> the section's text (up to the next heading of its level or above),
-    as GitHub makes them: the heading's text lower-cased, punctuation but `-` and `_` dropped,
-    each space a `-`, `-1`, `-2`... after a repeat. Lines in code fences are no headings."""
-    headings: list[tuple[int, int, str]] = []  # line, level, anchor
-    lines = markdown.splitlines()
-    seen: dict[str, int] = {}
-    fence: str | None = None
-    for number, line in enumerate(lines):
-        if match := re.match(r"^\s{0,3}(`{3,}|~{3,})", line):
-            if fence is None:
-                fence = match.group(1)[0]
-            elif match.group(1)[0] == fence:
-                fence = None
-            continue
-        match = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
-        if fence is not None or not match:
-            continue
-        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match.group(2)).replace("`", "")
-        anchor = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
-        count = seen.get(anchor, 0)
-        seen[anchor] = count + 1
-        headings.append((number, len(match.group(1)), f"{anchor}-{count}" if count else anchor))
-    sections = {}
-    for i, (number, level, anchor) in enumerate(headings):
-        end = next((n for n, lv, _ in headings[i + 1 :] if lv <= level), len(lines))
-        sections[anchor] = "\n".join(lines[number:end])
-    return sections
-
-
-def test_github_anchors_are_computed_as_github_does() -> None:
-    text = '# A\n```sh\n# not a heading\n```\n## "DLQ not empty"\n### Rejected: `x_y` (`Z`)\n## A'
-    assert list(github_anchors(text)) == ["a", "dlq-not-empty", "rejected-x_y-z", "a-1"]
-
-
-def test_every_alert_has_a_runbook_url_to_its_readme_section() -> None:
-    """runbook_url is `README.md#<anchor>` (no link leaves the repository), the anchor is a
-    README heading's, and that section names the alert."""
-    sections = github_anchors(read(ROOT / "README.md"))
+def test_every_alert_has_a_runbook_url_to_its_runbook_section() -> None:
+    """runbook_url is `docs/runbook.md#<anchor>` (no link leaves the repository), the anchor is
+    a heading of the runbook's, and that section names the alert."""
+    sections = github_anchors(read(ROOT / "docs" / "runbook.md"))
     for name, block in alert_blocks().items():
         match = re.search(r"^\s*runbook_url:\s*(\S+)\s*$", block, re.M)
         assert match, f"{name} has no runbook_url"
         path, _, anchor = match.group(1).partition("#")
-        assert path == "README.md", match.group(1)
-        assert anchor in sections, f"{name}: README.md has no heading for #{anchor}"
-        assert name in sections[anchor], f"README section #{anchor} does not mention {name}"
+        assert path == "docs/runbook.md", match.group(1)
+        assert anchor in sections, f"{name}: docs/runbook.md has no heading for #{anchor}"
+        assert name in sections[anchor], f"runbook section #{anchor} does not mention {name}"
 
 
 def test_every_alert_has_a_firing_and_a_quiet_test_case() -> None:

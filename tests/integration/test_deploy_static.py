@@ -38,6 +38,7 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 MAKEFILE = ROOT / "Makefile"
 CONFTEST = ROOT / "tests" / "conftest.py"
 README = ROOT / "README.md"
+CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 K8S = ROOT / "deploy" / "k8s"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 CONFIG_SOURCE = ROOT / "shared" / "config.py"
@@ -395,11 +396,14 @@ def test_compose_test_service_runs_make_test_against_compose_services() -> None:
     }
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text()
+def section(text: str, title: str) -> str:
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else len(text)]
+
+
+def readme_section(title: str) -> str:
+    return section(README.read_text(), title)
 
 
 def test_readme_start_here_commands_exist() -> None:
@@ -431,15 +435,23 @@ def test_readme_start_here_commands_exist() -> None:
         assert (ROOT / link).exists(), f"README links to missing {link}"
 
 
-def test_readme_configuration_table_names_every_setting() -> None:
-    first_cells = [
-        line.split("|")[1]
-        for line in readme_section("Configuration").splitlines()
-        if line[:1] == "|"
-    ]
-    documented = {name for cell in first_cells for name in re.findall(r"`([A-Z0-9_]+)`", cell)}
+def documented_settings(text: str) -> set[str]:
+    """The variables the first column of a section's tables names."""
+    first_cells = [line.split("|")[1] for line in text.splitlines() if line[:1] == "|"]
+    return {name for cell in first_cells for name in re.findall(r"`([A-Z0-9_]+)`", cell)}
+
+
+def test_configuration_page_names_every_setting() -> None:
+    documented = documented_settings(section(CONFIGURATION_DOC.read_text(), "Every variable"))
     assert known_env() <= documented, known_env() - documented
     assert documented <= known_env(), documented - known_env()
+
+
+def test_readme_configuration_table_names_only_settings() -> None:
+    documented = documented_settings(readme_section("Configuration"))
+    assert documented, "README's short configuration table"
+    assert documented <= known_env(), documented - known_env()
+    assert "docs/configuration.md" in readme_section("Configuration")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -197,8 +197,9 @@ def _run_vhost() -> str:
 async def test_upgrade_by_policy_bounds_the_old_unrouted_in_place(
     amqp: AbstractChannel, topology: Topology
 ) -> None:
-    """README's policy, with a length of 2 instead of 50,000: RabbitMQ 3.10 accepts its keys
-    for a quorum queue and applies them to the queue as it is, messages included."""
+    """docs/operations.md's policy, with a length of 2 instead of 50,000: RabbitMQ 3.10
+    accepts its keys for a quorum queue and applies them to the queue as it is, messages
+    included."""
     vhost = _run_vhost()
     await declare(amqp, with_unrouted_args(topology, OLD_ARGS))
     policy = f"payhooks-unrouted-{uuid.uuid4().hex[:8]}"
