@@ -193,7 +193,7 @@ async def _declare_unrouted(channel: AbstractChannel, spec: QueueSpec) -> Abstra
             queue=spec.name,
             error=str(e),
             action="it exists with other arguments (from before its bound): used as it is;"
-            ' bound it with a policy or recreate it (README "RabbitMQ topology")',
+            ' bound it with a policy or recreate it (docs/operations.md, "RabbitMQ topology")',
         )
         return await channel.declare_queue(spec.name, passive=True)
     finally:
