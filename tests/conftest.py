@@ -352,6 +352,22 @@ class SmtpSink:
         return "250 Message accepted for delivery"
 
 
+class RefusingSink(SmtpSink):
+    """An SMTP server that refuses one recipient for good (550) and keeps what it accepts."""
+
+    def __init__(self, refused: str) -> None:
+        super().__init__()
+        self.refused = refused
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, options: Any
+    ) -> str:
+        if address == self.refused:
+            return "550 no such user"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+
 @contextlib.contextmanager
 def smtp_server(handler: Any) -> Iterator[int]:
     """A real SMTP server (aiosmtpd, its own thread) on a free loopback port: yields the port."""

@@ -35,7 +35,7 @@ from shared.metrics import BonusMetrics, EmailMetrics, new_registry
 from shared.payment_view import payment_view
 from shared.queries import orders as orders_sql
 from shared.vocabulary import EARNING, REFUNDED_EMAIL, SUCCEEDED_EMAIL
-from tests.conftest import SmtpSink, smtp_server
+from tests.conftest import RefusingSink, SmtpSink, smtp_server
 from tests.helpers import payment_event
 from tests.integration.system import System, gather_posts, quiescent, register
 
@@ -309,22 +309,6 @@ async def test_paid_and_refund_webhooks_sent_together_tell_one_story_end_to_end(
 
 
 # --- the email worker's batches --------------------------------------------------------------
-
-
-class RefusingSink(SmtpSink):
-    """An SMTP server that refuses one recipient (550) and keeps what it accepts."""
-
-    def __init__(self, refused: str) -> None:
-        super().__init__()
-        self.refused = refused
-
-    async def handle_RCPT(
-        self, server: Any, session: Any, envelope: Any, address: str, options: Any
-    ) -> str:
-        if address == self.refused:
-            return "550 no such user"
-        envelope.rcpt_tos.append(address)
-        return "250 OK"
 
 
 def templates_in_arrival_order(sink: SmtpSink, payment_id: str) -> list[str]:

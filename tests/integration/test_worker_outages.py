@@ -19,7 +19,7 @@ from shared.config import Settings
 from shared.topology import Topology
 from shared.vocabulary import REASON
 from shared.web import REGISTRY
-from tests.conftest import TEST_AMQP_URL, SmtpSink, smtp_server
+from tests.conftest import TEST_AMQP_URL, RefusingSink, SmtpSink, smtp_server
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
     EMAIL_FROM,
@@ -236,22 +236,6 @@ async def test_an_smtp_server_refusing_longer_than_the_ladder_delays_mail_and_lo
     assert retried(system)["email"] == 0
 
 
-class RejectingSink(SmtpSink):
-    """Refuses one recipient for good (550), takes everyone else's mail."""
-
-    def __init__(self, refused: str) -> None:
-        super().__init__()
-        self.refused = refused
-
-    async def handle_RCPT(
-        self, server: Any, session: Any, envelope: Any, address: str, options: Any
-    ) -> str:
-        if address == self.refused:
-            return "550 no such user"
-        envelope.rcpt_tos.append(address)
-        return "250 OK"
-
-
 async def test_an_email_the_server_rejects_still_reaches_the_dlq_with_its_reason(
     aiohttp_client: Any,
     make_settings: Any,
@@ -260,7 +244,7 @@ async def test_an_email_the_server_rejects_still_reaches_the_dlq_with_its_reason
     db: Any,
 ) -> None:
     rejected = f"pay_{uuid.uuid4().hex[:12]}"
-    sink = RejectingSink(f"{rejected}@customer.test")
+    sink = RefusingSink(f"{rejected}@customer.test")
     with smtp_server(sink) as port:
         settings = make_settings(SMTP_PORT=str(port), EMAIL_FROM=EMAIL_FROM)
         system = await start(aiohttp_client, amqp, topology, settings, settings)
