@@ -6,9 +6,10 @@ Each round starts `payhooks run all` afresh (database `payhooks_chaos`, queue pr
 it, waits until every payment is right (or the settle time runs out) and prints one row: the
 payments right, lost / doubled effects, wrong states, one-story breaks, dead letters, 5xx
 answers other than 503, how long ingest answered 503, and how long after the fault every
-service was ready again and every payment right. It disturbs the machine's RabbitMQ and
-PostgreSQL (stops, kills, restarts them): don't run it beside other tests. Whatever it stops it
-starts again, also when a round fails; it deletes its database and queues.
+service was ready again and every payment right. The RabbitMQ node and PostgreSQL cluster it
+stops, kills and restarts are its own, made at the start on ports of their own and removed at
+the end (also on a failure, Ctrl-C or SIGTERM): the machine's shared servers are never touched.
+Whatever a round stops it starts again, also when the round fails.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +33,7 @@ from shared.logs import configure_logging
 from tests.chaos import storm, verdict
 from tests.chaos.rounds import BY_NAME, FAULTS, Fault
 from tests.chaos.stack import ADMIN_TOKEN, RETRY_DELAYS, Stack
-from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL
+from tests.private_servers import PrivateServers, running
 
 BONUS_POINTS = 500
 _SAMPLE_S = 0.25
@@ -165,10 +167,16 @@ async def _sample(stack: Stack, samples: Samples) -> None:
         await asyncio.sleep(_SAMPLE_S)
 
 
-async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundResult:
+async def run_round(
+    fault: Fault, args: argparse.Namespace, out: Path, servers: PrivateServers
+) -> RoundResult:
     result = RoundResult(fault.name, fault.what)
     stack = Stack(
-        TEST_DATABASE_URL, TEST_AMQP_URL, out, retry_delays=fault.retry_delays or RETRY_DELAYS
+        servers.postgres.url("postgres"),
+        servers.rabbit.url,
+        out,
+        retry_delays=fault.retry_delays or RETRY_DELAYS,
+        rabbit_node=servers.rabbit.name,
     )
     config = storm.StormConfig(payments=args.payments, sends_per_s=args.rate, seed=args.seed)
     samples: Samples = []
@@ -183,10 +191,10 @@ async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundR
         traffic = asyncio.create_task(storm.deliver(stack, plan, config))
         await asyncio.sleep(args.lead)
         try:
-            await fault.inject(stack)
+            await fault.inject(stack, servers)
             await asyncio.sleep(fault.hold_s)
         finally:
-            await fault.restore(stack)
+            await fault.restore(stack, servers)
         restored = time.time()
         records = await traffic
         api.cancel()
@@ -224,7 +232,7 @@ async def run_round(fault: Fault, args: argparse.Namespace, out: Path) -> RoundR
         for task in (sampler, api):
             if task is not None:
                 task.cancel()
-        await fault.restore(stack)
+        await fault.restore(stack, servers)
         await stack.close()
     return result
 
@@ -276,16 +284,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown rounds {unknown}")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # SIGTERM unwinds like Ctrl-C, so that the private servers are removed on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     results = []
-    for name in names:
-        started = time.monotonic()
-        result = asyncio.run(run_round(BY_NAME[name], args, args.out))
-        results.append(result)
-        verdict_text = "ok" if result.passed else "FAILED"
-        print(f"{name}: {verdict_text} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        for line in ([result.error] if result.error else []) + result.examples:
-            print(f"  {line}", file=sys.stderr)
-        (args.out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    with running("chaos") as servers:
+        print(
+            f"private servers: RabbitMQ {servers.rabbit.name} on {servers.rabbit.amqp_port},"
+            f" PostgreSQL {servers.postgres.version}/{servers.postgres.name}"
+            f" on {servers.postgres.port} (in {servers.base})",
+            file=sys.stderr,
+        )
+        for name in names:
+            started = time.monotonic()
+            result = asyncio.run(run_round(BY_NAME[name], args, args.out, servers))
+            results.append(result)
+            verdict_text = "ok" if result.passed else "FAILED"
+            print(f"{name}: {verdict_text} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+            for line in ([result.error] if result.error else []) + result.examples:
+                print(f"  {line}", file=sys.stderr)
+            results_json = json.dumps([asdict(r) for r in results], indent=2)
+            (args.out / "results.json").write_text(results_json)
     print(render(results))
     print(f"\nlogs and results.json in {args.out}/", file=sys.stderr)
     return 0 if all(r.passed for r in results) else 1

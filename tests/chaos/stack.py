@@ -92,6 +92,7 @@ class Stack:
         name: str = "chaos",
         proxied: bool = True,
         retry_delays: str = RETRY_DELAYS,
+        rabbit_node: str | None = None,
     ) -> None:
         # Its own database (payhooks_<name>) and queue prefix (<name>.), removed at the end.
         self.database = f"payhooks_{name}"
@@ -102,6 +103,7 @@ class Stack:
         self.workdir = workdir
         self.proxied = proxied  # through TCP proxies (to cut the network), or direct
         self.retry_delays = retry_delays
+        self.rabbit_node = rabbit_node  # the node rabbitmqctl reaches (None: its default)
         self.pg_proxy = TcpProxy(
             urlsplit(database_url).hostname or "127.0.0.1", urlsplit(database_url).port or 5432
         )
@@ -129,7 +131,7 @@ class Stack:
     async def start(self, log_path: Path) -> None:
         await self._fresh_database()
         await self.delete_queues()
-        await asyncio.to_thread(dlx_guard.ensure)
+        await asyncio.to_thread(dlx_guard.ensure, self.rabbit_node)
         if self.proxied:
             await self.pg_proxy.start()
             await self.amqp_proxy.start()
@@ -193,7 +195,7 @@ class Stack:
         with contextlib.suppress(Exception):
             await self.delete_queues()
             await asyncio.sleep(1)  # the dead-letter workers of deleted queues stop meanwhile
-            await asyncio.to_thread(dlx_guard.ensure)
+            await asyncio.to_thread(dlx_guard.ensure, self.rabbit_node)
         with contextlib.suppress(Exception):
             await self._drop_database()
 
