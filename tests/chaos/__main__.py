@@ -172,7 +172,11 @@ async def _sample(stack: Stack, samples: Samples) -> None:
 
 
 async def run_round(
-    fault: Fault, args: argparse.Namespace, out: Path, servers: PrivateServers
+    fault: Fault,
+    args: argparse.Namespace,
+    out: Path,
+    servers: PrivateServers,
+    stacks: list[Stack] | None = None,
 ) -> RoundResult:
     result = RoundResult(fault.name, fault.what)
     stack = Stack(
@@ -182,6 +186,8 @@ async def run_round(
         retry_delays=fault.retry_delays or RETRY_DELAYS,
         rabbit_node=servers.rabbit.name,
     )
+    if stacks is not None:
+        stacks.append(stack)  # for _run_interruptibly
     config = storm.StormConfig(payments=args.payments, sends_per_s=args.rate, seed=args.seed)
     samples: Samples = []
     sampler: asyncio.Task[None] | None = None
@@ -241,6 +247,39 @@ async def run_round(
     return result
 
 
+async def _leftovers_cancelled() -> None:
+    """What asyncio.run does after its coroutine: the tasks left cancelled and awaited."""
+    pending = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
+
+
+def _run_interruptibly(
+    fault: Fault, args: argparse.Namespace, servers: PrivateServers
+) -> RoundResult:
+    """One round on an event loop of its own. Interrupted (Ctrl-C, SIGTERM), it kills the
+    round's services at once and leaves its tasks: a cancel does not stop the simulator's
+    deliveries (the first Ctrl-C of a round was swallowed and the round ran on to its end), and
+    the database and queues go with the private servers anyway."""
+    stacks: list[Stack] = []
+    loop = asyncio.new_event_loop()
+    try:
+        result = loop.run_until_complete(run_round(fault, args, args.out, servers, stacks))
+        loop.run_until_complete(_leftovers_cancelled())
+        return result
+    except BaseException:
+        for stack in stacks:
+            stack.kill_now()
+        # The round's tasks and coroutines are dropped on purpose: no report for each of them.
+        loop.set_exception_handler(lambda loop, context: None)
+        sys.unraisablehook = lambda unraisable: None
+        raise
+    finally:
+        loop.close()
+
+
 def _seconds(value: float | None) -> str:
     return "never" if value is None or value != value else f"{value:.1f} s"
 
@@ -289,8 +328,22 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # SIGTERM unwinds like Ctrl-C, so that the private servers are removed on the way out.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    results = []
+    results: list[RoundResult] = []
+    try:
+        _run_rounds(names, args, results)
+    except KeyboardInterrupt:
+        print(
+            "interrupted: the round's services killed, the private servers removed", file=sys.stderr
+        )
+        return 130
+    print(render(results))
+    print(f"\nlogs and results.json in {args.out}/", file=sys.stderr)
+    return 0 if all(r.passed for r in results) else 1
+
+
+def _run_rounds(names: list[str], args: argparse.Namespace, results: list[RoundResult]) -> None:
     with running("chaos") as servers:
         print(
             f"private servers: RabbitMQ {servers.rabbit.name} on {servers.rabbit.amqp_port},"
@@ -300,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in names:
             started = time.monotonic()
-            result = asyncio.run(run_round(BY_NAME[name], args, args.out, servers))
+            result = _run_interruptibly(BY_NAME[name], args, servers)
             results.append(result)
             verdict_text = "ok" if result.passed else "FAILED"
             print(f"{name}: {verdict_text} in {time.monotonic() - started:.0f} s", file=sys.stderr)
@@ -308,9 +361,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {line}", file=sys.stderr)
             results_json = json.dumps([asdict(r) for r in results], indent=2)
             (args.out / "results.json").write_text(results_json)
-    print(render(results))
-    print(f"\nlogs and results.json in {args.out}/", file=sys.stderr)
-    return 0 if all(r.passed for r in results) else 1
 
 
 if __name__ == "__main__":
