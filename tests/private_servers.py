@@ -4,8 +4,7 @@ restart servers (`make chaos`): made at the start, removed at the end, whatever 
 The machine's own broker (rabbit@localhost, 5672) and database (15/main, 5432) are shared by
 everything on it and never touched. Each private server has its own name (`chaos_<pid>`), ports
 and files under one temporary directory; a run killed before its cleanup leaves servers whose
-name carries a dead pid, and the next run removes them first. Traps met on the way:
-docs/chaos.md and /work/shared/reviews/ha-one-box.md.
+name carries a dead pid, and the next run removes them first (docs/chaos.md).
 """
 
 from __future__ import annotations
