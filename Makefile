@@ -86,8 +86,9 @@ bench-vs-prototype: install
 bench-workers: install
 	$(PY) -m bench.workers --then-half 8000
 
-# Every fault round (or ROUNDS=rabbitmq-stop,kill-orders): stops, kills and restarts this
-# machine's RabbitMQ and PostgreSQL, so never beside other tests. About 15 minutes.
+# Every fault round (or ROUNDS=rabbitmq-stop,kill-orders) against a RabbitMQ node and a
+# PostgreSQL cluster of its own (tests/private_servers.py), which it stops, kills and restarts
+# and removes at the end; the machine's shared servers are never touched. About 30 minutes.
 chaos: install
 	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),)
 

@@ -26,12 +26,12 @@ def available() -> bool:
     return shutil.which("rabbitmqctl") is not None
 
 
-def ensure() -> bool:
-    """Restart the supervisor if it died; True if it had to (False also when unreachable)."""
+def ensure(node: str | None = None) -> bool:
+    """Restart the supervisor of `node` (None: rabbitmqctl's default, the machine's broker) if
+    it died; True if it had to (False also when unreachable)."""
+    command = ["rabbitmqctl", "-q", *(["-n", node] if node else []), "eval", _CHECK]
     try:
-        done = subprocess.run(
-            ["rabbitmqctl", "-q", "eval", _CHECK], capture_output=True, text=True, timeout=30
-        )
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.stdout.strip() == "restarted"

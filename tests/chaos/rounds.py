@@ -1,9 +1,10 @@
 """The faults of `make chaos`, one per round (two in the combined rounds).
 
 A fault is injected, held for `hold_s`, then restored; `restore` runs again in the round's
-`finally`, so a failing round still leaves RabbitMQ and PostgreSQL running and the network
-open. Killed services come back through `payhooks run all`'s supervisor, as in production
-through the orchestrator."""
+`finally`, so a failing round still leaves the run's RabbitMQ node and PostgreSQL cluster
+running and the network open. The servers stopped, killed and restarted are the run's own
+(tests/private_servers.py), never the machine's shared ones. Killed services come back through
+`payhooks run all`'s supervisor, as in production through the orchestrator."""
 
 from __future__ import annotations
 
@@ -15,49 +16,57 @@ import asyncpg
 
 from tests import faults
 from tests.chaos.stack import Stack
+from tests.private_servers import PrivateServers
 
-Step = Callable[[Stack], Awaitable[None]]
+Step = Callable[[Stack, PrivateServers], Awaitable[None]]
 
 
-async def _nothing(stack: Stack) -> None:
+async def _nothing(stack: Stack, servers: PrivateServers) -> None:
     return None
 
 
-def _blocking(fn: Callable[[], None]) -> Step:
-    async def step(stack: Stack) -> None:
-        await asyncio.to_thread(fn)
+def _on_rabbitmq(fn: Callable[[faults.RabbitNode], None]) -> Step:
+    async def step(stack: Stack, servers: PrivateServers) -> None:
+        await asyncio.to_thread(fn, servers.rabbit)
+
+    return step
+
+
+def _on_postgres(fn: Callable[[faults.PgCluster], None]) -> Step:
+    async def step(stack: Stack, servers: PrivateServers) -> None:
+        await asyncio.to_thread(fn, servers.postgres)
 
     return step
 
 
 def _kill(service: str) -> Step:
-    async def step(stack: Stack) -> None:
+    async def step(stack: Stack, servers: PrivateServers) -> None:
         stack.kill(service)
 
     return step
 
 
-async def _cut_rabbitmq(stack: Stack) -> None:
+async def _cut_rabbitmq(stack: Stack, servers: PrivateServers) -> None:
     stack.amqp_proxy.cut()
 
 
-async def _cut_postgres(stack: Stack) -> None:
+async def _cut_postgres(stack: Stack, servers: PrivateServers) -> None:
     stack.pg_proxy.cut()
 
 
-async def _stall_rabbitmq(stack: Stack) -> None:
+async def _stall_rabbitmq(stack: Stack, servers: PrivateServers) -> None:
     stack.amqp_proxy.stall()
 
 
-async def _stall_postgres(stack: Stack) -> None:
+async def _stall_postgres(stack: Stack, servers: PrivateServers) -> None:
     stack.pg_proxy.stall()
 
 
-async def _cut_smtp(stack: Stack) -> None:
+async def _cut_smtp(stack: Stack, servers: PrivateServers) -> None:
     stack.smtp_proxy.cut()
 
 
-async def _stall_smtp(stack: Stack) -> None:
+async def _stall_smtp(stack: Stack, servers: PrivateServers) -> None:
     stack.smtp_proxy.stall()
 
 
@@ -70,7 +79,7 @@ TERMINATE_FOR_S = 20.0
 TERMINATE_EVERY_S = 0.5
 
 
-async def _terminate_connections(stack: Stack) -> None:
+async def _terminate_connections(stack: Stack, servers: PrivateServers) -> None:
     """Every connection to the round's own database terminated every 0.5 s for 20 s (a
     failover or a pooler restart seen from the services); other databases are left alone."""
     admin = await asyncpg.connect(stack.database_url, timeout=10)
@@ -87,17 +96,18 @@ async def _terminate_connections(stack: Stack) -> None:
         await admin.close()
 
 
-async def _network_back(stack: Stack) -> None:
+async def _network_back(stack: Stack, servers: PrivateServers) -> None:
     stack.amqp_proxy.restore()
     stack.pg_proxy.restore()
     stack.smtp_proxy.restore()
 
 
-async def _backing_services_up(stack: Stack) -> None:
-    """Whatever a round did, RabbitMQ and PostgreSQL run afterwards and the network is open."""
-    await _network_back(stack)
-    await asyncio.to_thread(faults.ensure_rabbitmq)
-    await asyncio.to_thread(faults.ensure_postgres)
+async def _backing_services_up(stack: Stack, servers: PrivateServers) -> None:
+    """Whatever a round did, the run's RabbitMQ node and PostgreSQL cluster run afterwards and
+    the network is open."""
+    await _network_back(stack, servers)
+    await asyncio.to_thread(faults.ensure_rabbitmq, servers.rabbit)
+    await asyncio.to_thread(faults.ensure_postgres, servers.postgres)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +121,8 @@ class Fault:
 
 
 def _both(first: Step, second: Step) -> Step:
-    async def step(stack: Stack) -> None:
-        await asyncio.gather(first(stack), second(stack))
+    async def step(stack: Stack, servers: PrivateServers) -> None:
+        await asyncio.gather(first(stack, servers), second(stack, servers))
 
     return step
 
@@ -122,20 +132,20 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "rabbitmq-stop",
         "rabbitmqctl stop_app, 20 s, start_app",
-        _blocking(faults.rabbitmq_stop_app),
+        _on_rabbitmq(faults.rabbitmq_stop_app),
         hold_s=20,
     ),
     Fault(
         "rabbitmq-kill",
         "RabbitMQ's node killed with SIGKILL, started again after 5 s",
-        _blocking(faults.rabbitmq_kill),
+        _on_rabbitmq(faults.rabbitmq_kill),
         hold_s=5,
     ),
-    Fault("postgres-restart", "pg_ctlcluster restart", _blocking(faults.postgres_restart)),
+    Fault("postgres-restart", "pg_ctlcluster restart", _on_postgres(faults.postgres_restart)),
     Fault(
         "postgres-stop",
         "PostgreSQL stopped for 20 s, then started",
-        _blocking(faults.postgres_stop),
+        _on_postgres(faults.postgres_stop),
         hold_s=20,
     ),
     *(
@@ -166,13 +176,13 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "rabbitmq-stop+kill-ingest",
         "rabbitmqctl stop_app and kill -9 of ingest, 20 s, start_app",
-        _both(_blocking(faults.rabbitmq_stop_app), _kill("ingest")),
+        _both(_on_rabbitmq(faults.rabbitmq_stop_app), _kill("ingest")),
         hold_s=20,
     ),
     Fault(
         "postgres-restart+kill-orders",
         "pg_ctlcluster restart and kill -9 of orders at once",
-        _both(_blocking(faults.postgres_restart), _kill("orders")),
+        _both(_on_postgres(faults.postgres_restart), _kill("orders")),
     ),
     Fault(
         "outage-postgres",

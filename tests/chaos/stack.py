@@ -92,6 +92,7 @@ class Stack:
         name: str = "chaos",
         proxied: bool = True,
         retry_delays: str = RETRY_DELAYS,
+        rabbit_node: str | None = None,
     ) -> None:
         # Its own database (payhooks_<name>) and queue prefix (<name>.), removed at the end.
         self.database = f"payhooks_{name}"
@@ -102,6 +103,7 @@ class Stack:
         self.workdir = workdir
         self.proxied = proxied  # through TCP proxies (to cut the network), or direct
         self.retry_delays = retry_delays
+        self.rabbit_node = rabbit_node  # the node rabbitmqctl reaches (None: its default)
         self.pg_proxy = TcpProxy(
             urlsplit(database_url).hostname or "127.0.0.1", urlsplit(database_url).port or 5432
         )
@@ -129,7 +131,7 @@ class Stack:
     async def start(self, log_path: Path) -> None:
         await self._fresh_database()
         await self.delete_queues()
-        await asyncio.to_thread(dlx_guard.ensure)
+        await asyncio.to_thread(dlx_guard.ensure, self.rabbit_node)
         if self.proxied:
             await self.pg_proxy.start()
             await self.amqp_proxy.start()
@@ -173,12 +175,16 @@ class Stack:
 
     async def close(self) -> None:
         if self.process is not None and self.process.returncode is None:
+            services = self.service_pids()
             self.process.send_signal(signal.SIGTERM)
             try:
                 async with asyncio.timeout(40):
                     await self.process.wait()
             except TimeoutError:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                # Each service runs in a session of its own: the supervisor's group is not theirs.
+                for pid in [self.process.pid, *services.values()]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 await self.process.wait()
         if self._session is not None:
             await self._session.close()
@@ -193,9 +199,25 @@ class Stack:
         with contextlib.suppress(Exception):
             await self.delete_queues()
             await asyncio.sleep(1)  # the dead-letter workers of deleted queues stop meanwhile
-            await asyncio.to_thread(dlx_guard.ensure)
+            await asyncio.to_thread(dlx_guard.ensure, self.rabbit_node)
         with contextlib.suppress(Exception):
             await self._drop_database()
+
+    def kill_now(self) -> None:
+        """Without the event loop: every process of `payhooks run all` killed at once (an
+        interrupted run; its database and queues go with the private servers)."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        # The supervisor starts each service in a session of its own: kill them by pid.
+        services = list(self.service_pids().values())
+        for pid in [self.process.pid, *services]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.process.pid, 0)
+        if self._controller is not None:
+            with contextlib.suppress(Exception):
+                self._controller.stop()
 
     # --- the database and the queues -----------------------------------------------------
 
