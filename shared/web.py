@@ -17,8 +17,8 @@ ReadinessDetail = Callable[[], dict[str, object]]
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 READINESS_CHECKS = web.AppKey("readiness_checks", list[ReadinessCheck])
 # Which server of each dependency the service is on ("rabbitmq": "host:port", "postgresql":
-# ...), written by the readiness checks as they run; /readyz shows it (a cluster's node, the
-# primary after a failover).
+# ...), written by the readiness checks as they run; /readyz shows it among its details (a
+# cluster's node, the primary after a failover).
 SERVING = web.AppKey("serving", dict[str, str])
 READINESS_DETAILS = web.AppKey("readiness_details", list[ReadinessDetail])
 
@@ -39,7 +39,7 @@ async def readyz(request: web.Request) -> web.Response:
             ok = False
         if not ok:
             failing.append(getattr(check, "__name__", "check"))
-    details: dict[str, object] = {"serving": dict(sorted(request.app[SERVING].items()))}
+    details: dict[str, object] = {}
     for detail in request.app[READINESS_DETAILS]:
         details.update(detail())
     if failing:
@@ -66,8 +66,13 @@ def base_app(
     )
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []
-    app[SERVING] = {}
-    app[READINESS_DETAILS] = []
+    serving: dict[str, str] = {}
+    app[SERVING] = serving
+
+    def serving_detail() -> dict[str, object]:
+        return {"serving": dict(sorted(serving.items()))}
+
+    app[READINESS_DETAILS] = [serving_detail]
     http_limits.install(app, registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
