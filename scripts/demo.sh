@@ -25,10 +25,12 @@ sys.path.insert(0, ".")
 from shared.config import Settings
 url = Settings.from_env({k: os.environ[k] for k in ["DATABASE_URL"] if k in os.environ}).database_url
 print(urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/payhooks_demo")))')
+# The reconciler's timings are a few hundred times shorter than production's, so its questions
+# come that much more often: the provider-call budget (XHUB_API_RATE) grows with them.
 export DATABASE_URL AMQP_PREFIX=demo. LOG_LEVEL=WARNING \
     XHUB_WEBHOOK_SECRETS=demo-secret ADMIN_TOKEN=demo-admin-token \
     XHUB_API_URL=http://127.0.0.1:$SIM_PORT XHUB_API_KEY=demo-provider-key \
-    RECONCILE_INTERVAL=2 RECONCILE_AFTER=3 RETRY_DELAYS=0.5,1,2 \
+    RECONCILE_INTERVAL=2 RECONCILE_AFTER=3 XHUB_API_RATE=100 RETRY_DELAYS=0.5,1,2 \
     INGEST_PORT=8080 API_PORT=8081 ORDERS_PORT=9101 BONUSES_PORT=9102 EMAIL_PORT=9103 \
     RECONCILER_PORT=9104
 

@@ -61,6 +61,7 @@ class Settings:
     reconcile_interval_s: float
     reconcile_after_s: float
     reconcile_horizon_s: float
+    xhub_api_rate: float  # questions a second to the provider's API: the reconciler's budget
     admin_token: str | None = field(repr=False)
     admin_tokens: tuple[AdminToken, ...] = field(repr=False)  # ADMIN_TOKEN's first, as `admin`
     retention_days: int
@@ -111,6 +112,7 @@ class Settings:
             "retry_delays_s": reader.parse("RETRY_DELAYS", _DEFAULT_RETRY_DELAYS_S, _delays),
             "reconcile_interval_s": reader.parse("RECONCILE_INTERVAL", 60.0, _positive_float),
             "reconcile_after_s": reader.parse("RECONCILE_AFTER", 900.0, _positive_float),
+            "xhub_api_rate": reader.parse("XHUB_API_RATE", 10.0, _positive_float),
             "reconcile_horizon_s": reader.parse("RECONCILE_HORIZON", 2_592_000.0, _positive_float),
             "admin_token": admin,
             "admin_tokens": reader.parse(

@@ -112,7 +112,12 @@ class ProviderClient:
             raise ConfigError(
                 "invalid configuration: " + "; ".join(f"{name} is required" for name in missing)
             )
-        return cls(url, key, metrics=metrics, policy=policy)
+        return cls(
+            url,
+            key,
+            metrics=metrics,
+            policy=policy or ProviderPolicy(rate_per_s=settings.xhub_api_rate),
+        )
 
     def __repr__(self) -> str:
         return f"ProviderClient(base_url={self._shown_url!r}, policy={self.policy!r})"

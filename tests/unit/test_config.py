@@ -36,6 +36,7 @@ def test_defaults_match_spec_section_2() -> None:
     assert settings.reconcile_interval_s == 60.0
     assert settings.reconcile_after_s == 900.0
     assert settings.reconcile_horizon_s == 2_592_000.0
+    assert settings.xhub_api_rate == 10.0
     assert settings.admin_token is None
     assert settings.ingest_port == 8080
     assert settings.ingest_processes == 1
@@ -66,6 +67,7 @@ def test_every_variable_is_read_from_the_given_environment() -> None:
             "RECONCILE_INTERVAL": "1.5",
             "RECONCILE_AFTER": "30",
             "RECONCILE_HORIZON": "86400",
+            "XHUB_API_RATE": "50",
             "ADMIN_TOKEN": "admin",
             "INGEST_PORT": "1",
             "INGEST_PROCESSES": "4",
@@ -90,6 +92,7 @@ def test_every_variable_is_read_from_the_given_environment() -> None:
     assert settings.retry_delays_s == (2.0, 4.0)
     assert (settings.reconcile_interval_s, settings.reconcile_after_s) == (1.5, 30.0)
     assert settings.reconcile_horizon_s == 86_400.0
+    assert settings.xhub_api_rate == 50.0
     assert settings.admin_token == "admin"
     assert settings.ingest_processes == 4
     ports = (
