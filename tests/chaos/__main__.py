@@ -62,6 +62,7 @@ class RoundResult:
     api_requests: int = 0
     api_503: int = 0
     api_other_5xx: int = 0  # a dependency blip must be a 503, never a 500 (issue 39)
+    resent: int = 0  # emails sent again because the server's 250 was lost with the link
     examples: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -214,21 +215,19 @@ async def run_round(
         ids = [p.payment_id for p in plan.payments]
         deadline = time.monotonic() + args.settle
         while True:
-            found = verdict.judge(
-                expectations, await verdict.observe(stack.database_url, ids, stack.smtp.mails)
-            )
+            observed = await verdict.observe(stack.database_url, ids, stack.smtp)
+            found = verdict.judge(expectations, observed)
             # One-story breaks never heal by waiting (issue 11's ledger rule): don't wait on them.
             if not any(set(why) - {"story"} for why in found.values()):
                 result.right_after_s = time.time() - restored
                 await asyncio.sleep(_LATE_DOUBLES_S)
-                found = verdict.judge(
-                    expectations,
-                    await verdict.observe(stack.database_url, ids, stack.smtp.mails),
-                )
+                observed = await verdict.observe(stack.database_url, ids, stack.smtp)
+                found = verdict.judge(expectations, observed)
                 break
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(1.0)
+        result.resent = sum(seen.resent for seen in observed.values())
         result.right = result.payments - len(found)
         result.classes = verdict.counts(found)
         result.examples = [f"{pid}: {why}" for pid, why in sorted(found.items())[:10]]
@@ -288,9 +287,10 @@ def render(results: list[RoundResult]) -> str:
     header = (
         "| fault | payments right | lost | doubled | wrong state | one-story | dead letters"
         " | 5xx other than 503 | 503 answers (over) | ingest not ready | all ready after"
-        " | all right after | api 5xx other than 503 (503s / requests) |"
+        " | all right after | api 5xx other than 503 (503s / requests)"
+        " | emails resent after a lost 250 |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * 14]
     for r in results:
         c = r.classes
         lines.append(
@@ -299,7 +299,7 @@ def render(results: list[RoundResult]) -> str:
             f" | {r.answered_503} ({r.unavailable_s:.1f} s) | {r.ingest_unready_s:.1f} s"
             f" | {_seconds(r.ready_after_s)}"
             f" | {_seconds(r.right_after_s)}"
-            f" | {r.api_other_5xx} ({r.api_503} / {r.api_requests}) |"
+            f" | {r.api_other_5xx} ({r.api_503} / {r.api_requests}) | {r.resent} |"
         )
     return "\n".join(lines)
 

@@ -138,7 +138,7 @@ async def _all_right(
     deadline = time.monotonic() + timeout_s
     while True:
         found = verdict.judge(
-            expectations, await verdict.observe(stack.database_url, ids, stack.smtp.mails)
+            expectations, await verdict.observe(stack.database_url, ids, stack.smtp)
         )
         if not any(set(why) - {"story"} for why in found.values()) or time.monotonic() > deadline:
             return found

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email
+import itertools
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ import aio_pika
 import aiohttp
 import asyncpg
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import ports_for
@@ -48,18 +50,28 @@ PORT_VARIABLES = {
 }
 
 
+# A connection that ends without QUIT this soon after the server took a message may have lost
+# the server's 250 on the way back: on 127.0.0.1 a reply takes well under a millisecond, so a
+# message accepted longer ago than this before the cut had its 250 read by the client.
+REPLY_IN_FLIGHT_S = 1.0
+
+
 @dataclass
 class Mail:
     message_id: str
     template: str
     received: float
+    connection: int  # which SMTP connection carried it
 
 
 @dataclass
 class SmtpCounter:
-    """aiosmtpd handler: every message received, in order (a second copy is a doubled email)."""
+    """aiosmtpd handler: every message received, in order (a second copy is a doubled email,
+    unless the first copy's 250 may have been lost with its connection: see reply_maybe_lost)."""
 
     mails: list[Mail] = field(default_factory=list)
+    # connection -> when it ended without a QUIT (a cut, a reset, a client that gave up)
+    cut_at: dict[int, float] = field(default_factory=dict)
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         message = email.message_from_bytes(envelope.content)
@@ -68,12 +80,57 @@ class SmtpCounter:
                 str(message["Message-ID"]),
                 str(message["X-Payhooks-Template"]),
                 time.time(),
+                getattr(server, "connection", 0),
             )
         )
         return "250 Message accepted for delivery"
 
     def copies(self) -> Counter[str]:
         return Counter(m.message_id for m in self.mails)
+
+    def reply_maybe_lost(self) -> set[int]:
+        """The mails (by index) whose 250 may never have reached the client: the last one its
+        connection carried, that connection ending without QUIT within REPLY_IN_FLIGHT_S of
+        it. SMTP has no way to ask whether a message went through (RFC 1047): a client that
+        did not read the 250 must send again, with the same Message-ID."""
+        last: dict[int, int] = {}
+        for index, mail in enumerate(self.mails):
+            last[mail.connection] = index
+        return {
+            index
+            for connection, index in last.items()
+            if (cut := self.cut_at.get(connection)) is not None
+            and cut - self.mails[index].received <= REPLY_IN_FLIGHT_S
+        }
+
+
+class _CountingSession(SMTP):
+    """aiosmtpd's SMTP session, numbered, telling the counter when it ends without QUIT."""
+
+    def __init__(self, counter: SmtpCounter, connection: int) -> None:
+        super().__init__(counter)
+        self.counter = counter
+        self.connection = connection
+        self.quit = False
+
+    async def smtp_QUIT(self, arg: str) -> None:
+        self.quit = True
+        await super().smtp_QUIT(arg)
+
+    def connection_lost(self, error: Exception | None) -> None:
+        if not self.quit:
+            self.counter.cut_at[self.connection] = time.time()
+        super().connection_lost(error)
+
+
+class CountingController(Controller):
+    def __init__(self, counter: SmtpCounter, port: int) -> None:
+        super().__init__(counter, hostname="127.0.0.1", port=port)
+        self._counter = counter
+        self._connections = itertools.count(1)
+
+    def factory(self) -> SMTP:
+        return _CountingSession(self._counter, next(self._connections))
 
 
 def _with_database(url: str, name: str) -> str:
@@ -136,7 +193,7 @@ class Stack:
             await self.pg_proxy.start()
             await self.amqp_proxy.start()
             await self.smtp_proxy.start()
-        self._controller = Controller(self.smtp, hostname="127.0.0.1", port=self.smtp_port)
+        self._controller = CountingController(self.smtp, self.smtp_port)
         self._controller.start()
         self._api, api_url = await start_api(self.book, API_KEY)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))

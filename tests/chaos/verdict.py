@@ -4,6 +4,11 @@ what the provider's events say it should be, every email counted at the SMTP ser
 Per payment, each problem falls in one class:
   lost     an effect that should be there is not (an email never sent, a bonus missing)
   doubled  an effect that happened twice (an SMTP message received twice, bonus too high)
+           A copy sent again because the server's 250 for the first one was lost with its
+           connection is counted apart (resent): SMTP cannot tell a client whether a message
+           it sent before the link broke went through (RFC 1047), so a client that never read
+           the 250 must send again; the copy carries the same Message-ID, by which receiving
+           systems collapse it (docs/failure-behaviour.md).
   state    the order's final state is wrong
   story    the ledger and the emails disagree (a success email without a grant, a success email
            after the refund email): SPEC 5's one-story rule
@@ -19,7 +24,7 @@ from typing import Any
 import asyncpg
 
 from services.sim.summary import Expectation, story_problems
-from tests.chaos.stack import Mail
+from tests.chaos.stack import SmtpCounter
 
 CLASSES = ("lost", "doubled", "state", "story")
 
@@ -35,6 +40,7 @@ class Observed:
     emails: tuple[str, ...]  # templates recorded as sent (not skipped)
     smtp: Mapping[str, int]  # template -> SMTP messages received
     smtp_order: tuple[str, ...]  # templates in the order the SMTP server received them
+    resent: int = 0  # copies sent again after the server's 250 was lost with its connection
 
 
 def problems(expected: Expectation, seen: Observed) -> dict[str, str]:
@@ -64,16 +70,40 @@ def _payment_of(message_id: str) -> tuple[str, str]:
     return payment_id, template
 
 
-async def observe(
-    database_url: str, payment_ids: Sequence[str], mails: Iterable[Mail]
-) -> dict[str, Observed]:
-    smtp: dict[str, Counter[str]] = defaultdict(Counter)
-    order: dict[str, list[str]] = defaultdict(list)
-    for mail in sorted(mails, key=lambda m: m.received):
+@dataclass
+class SmtpSeen:
+    """What the SMTP server received, per payment."""
+
+    copies: dict[str, Counter[str]]  # payment -> template -> copies (resent ones left out)
+    order: dict[str, list[str]]  # payment -> templates in the order first received
+    resent: Counter[str]  # payment -> copies sent again after a 250 lost with the link
+
+
+def smtp_seen(counter: SmtpCounter) -> SmtpSeen:
+    """A copy that follows one whose 250 may have been lost with its connection is resent,
+    not doubled; any further copy is doubled again."""
+    seen = SmtpSeen(defaultdict(Counter), defaultdict(list), Counter())
+    maybe_lost = counter.reply_maybe_lost()
+    reply_lost: set[str] = set()  # message ids whose latest copy's 250 may have been lost
+    for index, mail in sorted(enumerate(counter.mails), key=lambda m: m[1].received):
         payment_id, template = _payment_of(mail.message_id)
-        smtp[payment_id][template] += 1
-        if template not in order[payment_id]:
-            order[payment_id].append(template)
+        if mail.message_id in reply_lost:
+            seen.resent[payment_id] += 1
+        else:
+            seen.copies[payment_id][template] += 1
+        if index in maybe_lost:
+            reply_lost.add(mail.message_id)
+        else:
+            reply_lost.discard(mail.message_id)
+        if template not in seen.order[payment_id]:
+            seen.order[payment_id].append(template)
+    return seen
+
+
+async def observe(
+    database_url: str, payment_ids: Sequence[str], counter: SmtpCounter
+) -> dict[str, Observed]:
+    smtp = smtp_seen(counter)
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
         rows = await conn.fetch(
@@ -101,8 +131,9 @@ async def observe(
             ledger=tuple(r["ledger"]),
             bonus=int(r["bonus"]),
             emails=tuple(r["emails"]),
-            smtp=dict(smtp.get(r["payment_id"], {})),
-            smtp_order=tuple(order.get(r["payment_id"], ())),
+            smtp=dict(smtp.copies.get(r["payment_id"], {})),
+            smtp_order=tuple(smtp.order.get(r["payment_id"], ())),
+            resent=smtp.resent[r["payment_id"]],
         )
     return found
 

@@ -35,6 +35,9 @@ from tests.rabbitmq_alarm import memory_alarm, unavailable_reason
 URL = "/webhooks/xhub"
 BUDGET_S = 10.0  # the provider's hard budget for any answer (SPEC section 3)
 AT_ONCE_S = 0.5
+# How late a held refusal may come: 300 answers due at one moment from one event loop on a
+# busy 2-core machine (a chaos run beside the suite) leave late by up to about a second.
+HOLD_SLACK_S = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,7 @@ async def test_under_overload_every_answer_is_a_stored_and_queued_200_or_a_503(
     assert set(statuses) == {200, 503}, statuses
     refused = [a for a in answers if a.status == 503]
     assert all(a.retry_after == "5" for a in refused)
-    assert all(REFUSAL_HOLD_S - 0.1 < a.elapsed_s < REFUSAL_HOLD_S + AT_ONCE_S for a in refused)
+    assert all(REFUSAL_HOLD_S - 0.1 < a.elapsed_s < REFUSAL_HOLD_S + HOLD_SLACK_S for a in refused)
     metrics = await (await client.get("/metrics")).text()
     shed = _sample(metrics, "payhooks_ingest_shed_total", 'reason="predicted_wait"')
     assert shed == len(refused)
