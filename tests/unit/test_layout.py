@@ -110,3 +110,47 @@ def test_no_service_imports_a_sibling() -> None:
             if parts[0] == "services" and len(parts) > 1 and parts[1] != own:
                 offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert offenders == []
+
+
+# An operator action done or recorded anywhere but shared/operator_actions.py (found by its
+# name, wherever it lives) could skip the audit: the edges call that module's functions.
+ACTIONS = {"shared.dlq_moves": {"requeue", "purge"}, "shared.queries.audit": {"record", "Action"}}
+ACTION_ATTRIBUTES = {("dlq_moves", "requeue"), ("dlq_moves", "purge"), ("audit", "record")}
+ACTION_ATTRIBUTES |= {("audit", "Action"), ("orders_sql", "register_order")}
+# The simulator plays the shop (its orders are no operator's); the queries define them.
+ACTIONS_ALLOWED = {"operator_actions", "dlq_moves", "audit", "orders", "scenario"}
+
+
+def unaudited_actions(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ACTIONS:
+            found += [a.name for a in node.names if a.name in ACTIONS[node.module]]
+        elif isinstance(node, ast.ImportFrom) and node.module == "shared.queries.orders":
+            found += [a.name for a in node.names if a.name == "register_order"]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and (node.value.id, node.attr) in ACTION_ATTRIBUTES
+        ):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_operator_actions_are_done_and_audited_in_one_module() -> None:
+    offenders = []
+    for path in sources("shared", "services"):
+        if path.stem in ACTIONS_ALLOWED:
+            continue
+        for name in unaudited_actions(ast.parse(path.read_text())):
+            offenders.append(f"{path.relative_to(ROOT)} uses {name}")
+    assert offenders == []
+
+
+def test_the_action_check_sees_actions() -> None:
+    code = (
+        "from shared.dlq_moves import Selection, requeue\n"
+        "from shared.queries import audit\n"
+        "async def f(db):\n    await audit.record(db, audit.Action('a', 'api', 'x', 't'))"
+    )
+    assert unaudited_actions(ast.parse(code)) == ["requeue", "audit.record", "audit.Action"]

@@ -15,10 +15,11 @@ from services.api.console import sessions
 from services.api.console.guard import SIGN_IN, error
 from services.api.console.render import render
 from services.api.console.sessions import GATE, SIGNED_IN
-from services.api.dlq_access import DLQ_ACCESS, payment_dead_letters
+from services.api.dlq_access import DLQ_ACCESS
 from shared import dlq, dlq_lock, unrouted
 from shared.db import DB_POOL
-from shared.dlq_moves import Selection, UnroutableError, requeue
+from shared.dlq_moves import Selection, UnroutableError
+from shared.operator_actions import Edge, Operator, dead_letters_or_reason, requeue_recorded
 from shared.order_input import text_problem
 from shared.payment_view import payment_view
 from shared.queries import audit
@@ -168,7 +169,7 @@ async def payment(request: web.Request) -> web.Response:
     if text_problem(payment_id) is not None:
         return error(request, 404, "No payment has such an id.")
     access = request.config_dict[DLQ_ACCESS]
-    letters, missing = await payment_dead_letters(access, payment_id)
+    letters, missing = await dead_letters_or_reason(access.channel, access.topology, payment_id)
     view = await payment_view(request.config_dict[DB_POOL], payment_id, letters)
     if view is None:
         return error(request, 404, f"payhooks has never heard of payment {payment_id}.")
@@ -253,10 +254,12 @@ async def requeue_page(request: web.Request) -> web.Response:
         selection = _selection(fields, ids if confirming else ())
     except ValueError as e:
         return error(request, 400, str(e))
-    access = request.config_dict[DLQ_ACCESS]
+    by = Operator(request[SIGNED_IN].name, Edge.CONSOLE)
     try:
-        async with access.channel() as channel:
-            result = await requeue(channel, queue, selection, dry_run=not confirming)
+        async with request.config_dict[DLQ_ACCESS].channel() as channel:
+            answer, letters = await requeue_recorded(
+                channel, queue, selection, by, request.config_dict[DB_POOL], dry_run=not confirming
+            )
     except UnroutableError as e:
         return error(request, 409, f"{e}. What was requeued before it stays requeued.")
     if not confirming:
@@ -266,23 +269,10 @@ async def requeue_page(request: web.Request) -> web.Response:
             name=name,
             queue=queue,
             filters=fields,
-            matching=len(result.requeued),
-            letters=result.requeued[:MAX_REQUEUE],
+            matching=len(letters),
+            letters=letters[:MAX_REQUEUE],
         )
-    moved = [letter.id for letter in result.requeued]
-    done = audit.Action(
-        request[SIGNED_IN].name,
-        "console",
-        audit.REQUEUE,
-        queue,
-        moved,
-        len(moved),
-        selection.as_json(),
-    )
-    await audit.record(request.config_dict[DB_POOL], done)
-    return render(
-        request, "requeued.html", name=name, queue=queue, moved=moved, gone=result.not_found
-    )
+    return render(request, "requeued.html", name=name, queue=queue, answer=answer.as_json())
 
 
 async def unrouted_page(request: web.Request) -> web.Response:
