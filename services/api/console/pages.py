@@ -16,6 +16,7 @@ from services.api.console.guard import SIGN_IN, error
 from services.api.console.render import render
 from services.api.console.sessions import GATE, SIGNED_IN
 from services.api.dlq_access import DLQ_ACCESS
+from services.api.monitor import PASSES
 from shared import dlq, dlq_lock, unrouted
 from shared.db import DB_POOL
 from shared.dlq_moves import Selection, UnroutableError
@@ -127,9 +128,12 @@ async def overview(request: web.Request) -> web.Response:
         for work in topology.work.values()
     ]
     recent = await inbox_sql.received_since(request.config_dict[DB_POOL], RECENT_S, RECENT_CAP)
+    passes = request.config_dict[PASSES]
     return render(
         request,
         "overview.html",
+        measured=passes.measured,
+        consumers_measured=passes.consumers_measured,
         queues=queues,
         unrouted=gauge(messages, topology.unrouted),
         inbox_unpublished=gauge("payhooks_inbox_unpublished"),
