@@ -16,7 +16,7 @@ from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
 from shared import dlq, unrouted
 from shared.db import DB_POOL
-from shared.dlq_moves import Selection, UnroutableError
+from shared.dlq_moves import FILTERS, Selection, UnroutableError
 from shared.http_limits import read_body
 from shared.operator_actions import Edge, Operator, requeue_recorded
 
@@ -155,15 +155,8 @@ async def requeue_dlq(request: web.Request) -> web.Response:
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         ):
             raise _BadRequest("limit must be a positive whole number")
-        selection = Selection.parse(
-            ids=ids,
-            everything=everything,
-            reason=_optional_text(data, "reason"),
-            event_type=_optional_text(data, "event_type"),
-            payment_id=_optional_text(data, "payment_id"),
-            since=_optional_text(data, "since"),
-            until=_optional_text(data, "until"),
-        )
+        filters = {f: _optional_text(data, f) for f in FILTERS}
+        selection = Selection.parse(ids=ids, everything=everything, **filters)
         if selection.says_nothing:
             raise _BadRequest('say what to requeue: "ids", "all": true, or a filter')
     except orjson.JSONDecodeError:

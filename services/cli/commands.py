@@ -16,7 +16,7 @@ from shared import dlq, unrouted
 from shared.config import Settings
 from shared.connections import broker, database
 from shared.console import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE, Progress, table
-from shared.dlq_moves import Selection
+from shared.dlq_moves import FILTERS, Selection
 from shared.operator_actions import (
     Edge,
     Operator,
@@ -169,15 +169,8 @@ async def dlq_show(settings: Settings, args: argparse.Namespace) -> int:
 
 async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
     try:
-        selection = Selection.parse(
-            ids=args.id or (),
-            everything=args.all,
-            reason=args.reason,
-            event_type=args.event_type,
-            payment_id=args.payment_id,
-            since=args.since,
-            until=args.until,
-        )
+        filters = {f: getattr(args, f) for f in FILTERS}
+        selection = Selection.parse(ids=args.id or (), everything=args.all, **filters)
     except ValueError as e:
         return _fail(f"--{e}", EXIT_USAGE)
     if selection.says_nothing:

@@ -4,6 +4,7 @@ ingest replicas sweep side by side."""
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import asyncpg
@@ -26,46 +27,38 @@ SWEEP_AFTER_S = 10.0
 _PUBLISH_TIMEOUT_S = 4.0
 
 
+@dataclass(frozen=True, slots=True)
 class Sweeper:
-    def __init__(
-        self,
-        pool: asyncpg.Pool[Any],
-        broker: Broker,
-        metrics: IngestMetrics,
-        *,
-        interval_s: float = 5.0,
-        after_s: float = SWEEP_AFTER_S,
-        batch: int = 500,
-    ) -> None:
-        self._pool = pool
-        self._broker = broker
-        self._metrics = metrics
-        self._interval_s = interval_s
-        self._after_s = after_s
-        self._batch = batch
+    pool: asyncpg.Pool[Any]
+    broker: Broker
+    metrics: IngestMetrics
+    _: KW_ONLY
+    interval_s: float = 5.0
+    after_s: float = SWEEP_AFTER_S
+    batch: int = 500
 
     async def run_forever(self) -> None:
-        await keep_running(self._drain, self._interval_s, "sweeper.failed")
+        await keep_running(self._drain, self.interval_s, "sweeper.failed")
 
     async def _drain(self) -> None:
-        await drain(self.sweep_once, self._batch)
+        await drain(self.sweep_once, self.batch)
 
     async def sweep_once(self) -> int:
         """Publish one batch of stranded rows; return how many were confirmed."""
         outcome = await publish_unpublished(
-            self._pool,
-            self._broker,
+            self.pool,
+            self.broker,
             inbox_sql.lock_unpublished,
             _mark,
             _outgoing,
-            older_than_s=self._after_s,
-            batch=self._batch,
+            older_than_s=self.after_s,
+            batch=self.batch,
             publish_timeout_s=_PUBLISH_TIMEOUT_S,
         )
         if not outcome:
             return 0
         done = confirmed(outcome)
-        self._metrics.sweeper_published.inc(done)
+        self.metrics.sweeper_published.inc(done)
         log.info("sweeper.published", published=done, failed=len(outcome) - done)
         return done
 

@@ -19,7 +19,7 @@ from services.api.dlq_access import DLQ_ACCESS
 from services.api.monitor import PASSES
 from shared import dlq, dlq_lock, unrouted
 from shared.db import DB_POOL
-from shared.dlq_moves import Selection, UnroutableError
+from shared.dlq_moves import FILTERS, Selection, UnroutableError
 from shared.operator_actions import Edge, Operator, dead_letters_or_reason, requeue_recorded
 from shared.order_input import text_problem
 from shared.payment_view import payment_view
@@ -32,7 +32,6 @@ from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)
 
-FILTERS = ("reason", "event_type", "payment_id", "since", "until")
 MAX_ROWS = 200  # dead letters or unrouted messages listed on one page
 MAX_REQUEUE = 1000  # dead letters one confirmation moves (the page lists each)
 AUDIT_PAGE = 50
@@ -206,14 +205,7 @@ def _queue(request: web.Request) -> tuple[str, str]:
 
 def _selection(values: Mapping[str, str], ids: tuple[str, ...] = ()) -> Selection:
     """The filter fields (and ids) as a Selection; no filter at all means every letter."""
-    selection = Selection.parse(
-        ids=ids,
-        reason=_text(values, "reason"),
-        event_type=_text(values, "event_type"),
-        payment_id=_text(values, "payment_id"),
-        since=_text(values, "since"),
-        until=_text(values, "until"),
-    )
+    selection = Selection.parse(ids=ids, everything=False, **{f: _text(values, f) for f in FILTERS})
     return Selection.parse(everything=True) if selection.says_nothing else selection
 
 
