@@ -1,7 +1,7 @@
 """The naive baseline for `bench.ingest`: ingest without batching.
 
-The same endpoint as `payhooks run ingest` (handler, signature check, parsing, logging,
-metrics, inbox table, topology), with only the accept path replaced: per request one
+Ingest's own app (`endpoint_app`: handler, signature check, parsing, logging, metrics, limits,
+inbox table, topology), with only the accept path replaced: per request one
 `INSERT ... ON CONFLICT DO NOTHING RETURNING` in its own transaction and one awaited publish
 confirm, then the answer. No sweeper: it exists to be measured, not deployed.
 
@@ -16,32 +16,23 @@ from dataclasses import replace
 from typing import Any, cast
 
 import asyncpg
-import orjson
 from aiohttp import web
 
 from services.ingest.accept import Acceptor, Outcome, outgoing
-from services.ingest.app import SERVICE
-from services.ingest.endpoint import ACCEPTOR, METRICS, SETTINGS, receive_webhook
+from services.ingest.app import SERVICE, endpoint_app
+from services.ingest.endpoint import ACCEPTOR
 from services.ingest.webhook import Webhook
 from shared import service
-from shared.broker import BROKER, Broker, broker_ctx
+from shared.broker import BROKER, Broker
 from shared.config import Settings
-from shared.db import DB_POOL, TRANSIENT_DB_ERRORS, pool_ctx
+from shared.db import DB_POOL, TRANSIENT_DB_ERRORS
 from shared.errors import UnavailableError
-from shared.metrics import IngestMetrics
-from shared.topology import build_topology
-from shared.web import base_app
-from shared.xhub import PROVIDER, WEBHOOK_PATH
+from shared.queries import inbox as inbox_sql
+from shared.queries.inbox import InboxEntry
+from shared.xhub import PROVIDER
 
 TIMEOUT_S = 4.0
 _DB_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError)
-
-_INSERT = """
-INSERT INTO inbox (provider, event_id, event_type, payment_id, body, headers)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb)
-ON CONFLICT (provider, event_id) DO NOTHING
-RETURNING id
-"""
 
 
 class NaiveAcceptor:
@@ -54,15 +45,10 @@ class NaiveAcceptor:
     async def accept(self, webhook: Webhook, headers: dict[str, str], deadline: float) -> Outcome:
         try:
             async with asyncio.timeout_at(deadline):
-                row_id = await self._pool.fetchval(  # autocommit: its own transaction
-                    _INSERT,
-                    PROVIDER,
-                    webhook.event_id,
-                    webhook.event_type,
-                    webhook.payment_id,
-                    webhook.body,
-                    orjson.dumps(headers).decode(),
+                entry = InboxEntry(
+                    webhook.event_id, webhook.event_type, webhook.payment_id, webhook.body, headers
                 )
+                row_id = await inbox_sql.store_one(self._pool, PROVIDER, entry)
         except _DB_ERRORS as e:
             raise UnavailableError("PostgreSQL unavailable") from e
         if row_id is None:
@@ -75,20 +61,14 @@ class NaiveAcceptor:
 
 
 def create_app(settings: Settings) -> web.Application:
-    metrics = IngestMetrics.create()
-    app = base_app(metrics.registry, client_max_size=settings.max_body_bytes)
-    app[SETTINGS] = settings
-    app[METRICS] = metrics
-    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
-    app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=10))
-    app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+    """Ingest's own app (services/ingest/app.py endpoint_app) with the naive accept path."""
+    app = endpoint_app(settings)
 
     async def acceptor_ctx(app: web.Application) -> AsyncIterator[None]:
         app[ACCEPTOR] = cast(Acceptor, NaiveAcceptor(app[DB_POOL], app[BROKER]))
         yield
 
     app.cleanup_ctx.append(acceptor_ctx)
-    app.router.add_post(WEBHOOK_PATH, receive_webhook)
     return app
 
 

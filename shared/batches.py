@@ -35,8 +35,6 @@ class Delivery:
 # `skipped_duplicate`) once committed, or the exception that failed it.
 Result = str | Exception
 BatchHandler = Callable[[Sequence[Delivery]], Awaitable[list[Result]]]
-# One message handled on its own, in its own transaction.
-Handler = Callable[[Delivery], Awaitable[str]]
 
 
 @dataclass(slots=True)
@@ -182,26 +180,11 @@ async def _attempt(
     return results, steps
 
 
-def in_one_transaction(
-    pool: asyncpg.Pool[Any],
-    handle: StepHandler,
-    sort_key: Callable[[Delivery], str],
-    marks: str | None = None,
-) -> BatchHandler:
-    async def run(deliveries: Sequence[Delivery]) -> list[Result]:
-        try:
-            results, steps = await apply_batch(pool, deliveries, handle, sort_key, marks=marks)
-        except Exception as e:  # nothing was applied: every message is retried
-            return [e] * len(deliveries)
-        return _committed(results, steps)
-
-    return run
-
-
 class SetBatch(Protocol):
     """A handler that reads and writes a batch's rows together: `start` first in the batch's
     transaction (lock or read the rows of its keys), `handle` each message, `write` what the
-    committed messages decided just before the commit. Made afresh for each batch."""
+    committed messages decided just before the commit (the email worker also sends there).
+    Made afresh for each batch."""
 
     async def start(self, conn: Executor, keys: list[str]) -> None: ...
 
@@ -210,14 +193,24 @@ class SetBatch(Protocol):
     async def write(self, conn: Executor, steps: list[Step]) -> Mapping[int, Result]: ...
 
 
+# What a batch whose `write` did what no rollback undoes (an email sent) answers when the
+# batch failed after all (the commit, say): each delivery's result, given the error and how
+# many deliveries there were. Without one, every delivery's result is the error.
+Failed = Callable[[Exception, int], Awaitable[list[Result]]]
+
+
 async def apply_set_batch(
     pool: asyncpg.Pool[Any],
     deliveries: Sequence[Delivery],
     batch: SetBatch,
     sort_key: Callable[[Delivery], str],
     marks: str | None = None,
+    *,
+    failed: Failed | None = None,
 ) -> list[Result]:
-    """in_one_transaction for a SetBatch."""
+    """apply_batch for a SetBatch, committed: every delivery's result, after the committed
+    steps' after-commit actions. A batch that failed as a whole (nothing applied) is retried
+    whole, each delivery's result the error, unless `failed` says otherwise."""
     try:
         results, steps = await apply_batch(
             pool,
@@ -228,12 +221,12 @@ async def apply_set_batch(
             start=batch.start,
             marks=marks,
         )
-    except Exception as e:  # nothing was applied: every message is retried
-        return [e] * len(deliveries)
-    return _committed(results, steps)
+    except Exception as e:  # nothing was committed: every message is retried (or `failed`)
+        return [e] * len(deliveries) if failed is None else await failed(e, len(deliveries))
+    return committed(results, steps)
 
 
-def _committed(results: list[Result | None], steps: list[Step]) -> list[Result]:
+def committed(results: list[Result | None], steps: list[Step]) -> list[Result]:
     """After apply_batch's commit: each committed step's after-commit actions, and every
     delivery's result."""
     for step in steps:
@@ -241,18 +234,6 @@ def _committed(results: list[Result | None], steps: list[Step]) -> list[Result]:
             for action in step.then:
                 action()
     return [r if r is not None else RuntimeError("not handled") for r in results]
-
-
-def one_by_one(handle: BatchHandler) -> Handler:
-    """A batch handler called with one delivery at a time, raising what failed it."""
-
-    async def run(delivery: Delivery) -> str:
-        [result] = await handle([delivery])
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    return run
 
 
 def keys_of(deliveries: Sequence[Delivery], sort_key: Callable[[Delivery], str]) -> list[str]:

@@ -20,6 +20,8 @@ from shared.vocabulary import ATTEMPTS, REASON, REQUEUED
 _PUBLISH_TIMEOUT_S = 10.0
 
 Progress = Callable[[int, int], None]
+# Selection's criteria besides ids and `all`, as every edge names its fields.
+FILTERS = ("reason", "event_type", "payment_id", "since", "until")
 
 
 class UnroutableError(Exception):

@@ -79,6 +79,7 @@ def create_app(
     registry = new_registry()
     queue_metrics = QueueMetrics.create(registry)
     app = base_app(registry)
+    app[monitor.PASSES] = passes = monitor.Passes()
     app.middlewares.append(api_only(errors.json_errors))  # first: outside every other
     app.middlewares.append(api_only(admin_auth(settings.admin_tokens, OPEN_PATHS)))
     app.middlewares.append(api_only(path_ids))
@@ -92,7 +93,9 @@ def create_app(
 
         async def run() -> None:
             await app[BROKER].wait_connected(float("inf"))
-            await monitor.run_forever(app[DB_POOL], access, queue_metrics, monitor_interval_s)
+            await monitor.run_forever(
+                app[DB_POOL], access, queue_metrics, passes, monitor_interval_s
+            )
 
         async with background(run(), "queue-monitor"):
             yield

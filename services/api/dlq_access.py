@@ -13,7 +13,6 @@ import aiormq
 from aio_pika.abc import AbstractChannel
 from aiohttp import web
 
-from shared import dlq, dlq_lock
 from shared.broker import Broker
 from shared.errors import UnavailableError
 
@@ -52,18 +51,3 @@ class DlqAccess:
 
 
 DLQ_ACCESS = web.AppKey("dlq_access", DlqAccess)
-
-
-async def payment_dead_letters(
-    access: DlqAccess, payment_id: str
-) -> tuple[list[dlq.DeadLetter], str | None]:
-    """A payment's dead letters, or none and why they could not be read: the database holds
-    most of a payment's story, so a view gives it and says what is missing."""
-    try:
-        async with access.channel() as channel:
-            letters = await dlq.dead_letters_for_payment(
-                channel, access.topology, payment_id, lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S
-            )
-    except (UnavailableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
-        return [], str(e)
-    return letters, None

@@ -16,9 +16,9 @@ from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
 from shared import dlq, unrouted
 from shared.db import DB_POOL
-from shared.dlq_moves import Selection, UnroutableError, requeue
+from shared.dlq_moves import FILTERS, Selection, UnroutableError
 from shared.http_limits import read_body
-from shared.queries import audit
+from shared.operator_actions import Edge, Operator, requeue_recorded
 
 MAX_PAGE = 1000
 # Far beyond any DLQ (a look reads at most 65,535 messages); unbounded, a huge offset went
@@ -155,43 +155,24 @@ async def requeue_dlq(request: web.Request) -> web.Response:
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         ):
             raise _BadRequest("limit must be a positive whole number")
-        selection = Selection.parse(
-            ids=ids,
-            everything=everything,
-            reason=_optional_text(data, "reason"),
-            event_type=_optional_text(data, "event_type"),
-            payment_id=_optional_text(data, "payment_id"),
-            since=_optional_text(data, "since"),
-            until=_optional_text(data, "until"),
-        )
+        filters = {f: _optional_text(data, f) for f in FILTERS}
+        selection = Selection.parse(ids=ids, everything=everything, **filters)
         if selection.says_nothing:
             raise _BadRequest('say what to requeue: "ids", "all": true, or a filter')
     except orjson.JSONDecodeError:
         return problem(400, "invalid_request", "body is not valid JSON")
     except ValueError as e:  # _BadRequest, a time that is not one
         return problem(400, "invalid_request", str(e))
+    by = Operator(actor(request).name, Edge.API)
     try:
         async with request.app[DLQ_ACCESS].channel() as channel:
-            result = await requeue(channel, queue, selection, limit=limit, dry_run=dry_run)
+            answer, _ = await requeue_recorded(
+                channel, queue, selection, by, request.app[DB_POOL], limit=limit, dry_run=dry_run
+            )
     except UnroutableError as e:
         # What was moved before it stays moved; the rest is still in the DLQ.
         return problem(409, "requeue_unroutable", str(e))
-    if not result.dry_run:
-        moved = [letter.id for letter in result.requeued]
-        what = selection.as_json() | ({} if limit is None else {"limit": limit})
-        done = audit.Action(
-            actor(request).name, "api", audit.REQUEUE, queue, moved, len(moved), what
-        )
-        await audit.record(request.app[DB_POOL], done)
-    return json_response(
-        {
-            "requeued": 0 if result.dry_run else len(result.requeued),
-            "would_requeue": len(result.requeued) if result.dry_run else None,
-            "dry_run": result.dry_run,
-            "ids": [letter.id for letter in result.requeued],
-            "not_found": result.not_found,
-        }
-    )
+    return json_response(answer.as_json())
 
 
 async def show_unrouted(request: web.Request) -> web.Response:

@@ -3,10 +3,13 @@ undecided orders as gauges."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 import structlog
+from aiohttp import web
 
 from services.api.dlq_access import DlqAccess
 from shared import dlq
@@ -19,9 +22,35 @@ from shared.tasks import keep_running
 log = structlog.get_logger(__name__)
 
 INTERVAL_S = 15.0
+# Workers started with the api attach their consumers within seconds of it: a pass begun
+# sooner after the api's start may count none of them yet.
+STARTING_S = 15.0
 
 
-async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetrics) -> None:
+@dataclass
+class Passes:
+    """When the api started and when its monitor's last complete pass began (monotonic)."""
+
+    started_at: float = field(default_factory=time.monotonic)
+    last_at: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.last_at is not None
+
+    @property
+    def consumers_measured(self) -> bool:
+        """A pass has counted the consumers of workers started with the api."""
+        return self.last_at is not None and self.last_at - self.started_at >= STARTING_S
+
+
+PASSES = web.AppKey("monitor_passes", Passes)
+
+
+async def refresh(
+    pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetrics, passes: Passes
+) -> None:
+    begun = time.monotonic()
     topology = access.topology
 
     def label(name: str) -> str:
@@ -48,9 +77,14 @@ async def refresh(pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetr
     undecided, oldest_s = await orders_sql.undecided_backlog(pool)
     metrics.orders_undecided.set(undecided)
     metrics.orders_undecided_oldest.set(oldest_s)
+    passes.last_at = begun
 
 
 async def run_forever(
-    pool: asyncpg.Pool[Any], access: DlqAccess, metrics: QueueMetrics, interval_s: float
+    pool: asyncpg.Pool[Any],
+    access: DlqAccess,
+    metrics: QueueMetrics,
+    passes: Passes,
+    interval_s: float,
 ) -> None:
-    await keep_running(lambda: refresh(pool, access, metrics), interval_s, "monitor.failed")
+    await keep_running(lambda: refresh(pool, access, metrics, passes), interval_s, "monitor.failed")

@@ -6,13 +6,18 @@ import orjson
 from aiohttp import web
 
 from services.api.auth import actor
-from services.api.dlq_access import DLQ_ACCESS, payment_dead_letters
+from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
 from shared.db import DB_POOL
 from shared.http_limits import read_body
+from shared.operator_actions import (
+    Edge,
+    Operator,
+    dead_letters_or_reason,
+    register_order_recorded,
+)
 from shared.order_input import OrderValidationError, order_json, parse_new_order
 from shared.payment_view import payment_view, user_bonus
-from shared.queries import audit
 from shared.queries import orders as orders_sql
 
 
@@ -27,16 +32,12 @@ async def register_order(request: web.Request) -> web.Response:
         order = parse_new_order(data)
     except OrderValidationError as e:
         return problem(400, "invalid_order", "invalid order", detail=str(e), fields=e.fields)
+    by = Operator(actor(request).name, Edge.API)
     try:
-        row, created = await orders_sql.register_order(request.app[DB_POOL], order)
+        registered = await register_order_recorded(request.app[DB_POOL], order, by)
     except orders_sql.OrderConflictError as e:
         return problem(409, "order_conflict", str(e))
-    if created:
-        registered = audit.Action(
-            actor(request).name, "api", audit.ORDER_REGISTER, order.order_id, [order.payment_id], 1
-        )
-        await audit.record(request.app[DB_POOL], registered)
-    return json_response(order_json(row), status=201 if created else 200)
+    return json_response(registered.as_json(), status=201 if registered.created else 200)
 
 
 async def get_order(request: web.Request) -> web.Response:
@@ -48,7 +49,8 @@ async def get_order(request: web.Request) -> web.Response:
 
 async def get_payment(request: web.Request) -> web.Response:
     payment_id = request.match_info["payment_id"]
-    letters, missing = await payment_dead_letters(request.app[DLQ_ACCESS], payment_id)
+    access = request.app[DLQ_ACCESS]
+    letters, missing = await dead_letters_or_reason(access.channel, access.topology, payment_id)
     view = await payment_view(request.app[DB_POOL], payment_id, letters)
     if view is None:
         return problem(404, "not_found", "payment not found")

@@ -5,32 +5,51 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+from aio_pika.abc import AbstractChannel
 
-from shared import dlq, dlq_lock, unrouted
+from shared import dlq, unrouted
 from shared.config import Settings
-from shared.connections import UnreachableError, broker, database
+from shared.connections import broker, database
 from shared.console import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE, Progress, table
-from shared.dlq_moves import Selection, purge, requeue
-from shared.order_input import OrderValidationError, order_json, parse_new_order
+from shared.dlq_moves import FILTERS, Selection
+from shared.operator_actions import (
+    Edge,
+    Operator,
+    Trail,
+    dead_letters_or_reason,
+    purge_recorded,
+    register_order_recorded,
+    requeue_recorded,
+)
+from shared.order_input import OrderValidationError, parse_new_order
 from shared.payment_view import payment_view
 from shared.queries import audit
 from shared.queries import orders as orders_sql
+from shared.topology import build_topology
 
 
 def _print_json(data: Any) -> None:
     print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
 
 
-async def _record(settings: Settings, action: audit.Action) -> None:
-    """After the action: a database that cannot be reached is logged, the action stands."""
-    try:
-        async with database(settings) as conn:
-            await audit.record(conn, action)
-    except UnreachableError as e:
-        audit.not_recorded(action, e)
+def _operator() -> Operator:
+    return Operator(audit.cli_actor(), Edge.CLI)
+
+
+def _trail(settings: Settings) -> Trail:
+    """The audit row is written after the action, on a connection of its own."""
+    return lambda: database(settings)
+
+
+@asynccontextmanager
+async def _channel(settings: Settings) -> AsyncIterator[AbstractChannel]:
+    async with broker(settings) as (channel, _):
+        yield channel
 
 
 def _fail(message: str, code: int) -> int:
@@ -55,24 +74,14 @@ async def order_add(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     async with database(settings) as conn:
         try:
-            row, created = await orders_sql.register_order(conn, order)
+            registered = await register_order_recorded(conn, order, _operator())
         except orders_sql.OrderConflictError as e:
             return _fail(str(e), EXIT_CONFLICT)
-        if created:
-            done = audit.Action(
-                audit.cli_actor(),
-                "cli",
-                audit.ORDER_REGISTER,
-                order.order_id,
-                [order.payment_id],
-                1,
-            )
-            await audit.record(conn, done)
-    shown = order_json(row)
+    shown = registered.as_json()
     if args.json:
         _print_json(shown)
     else:
-        verb = "registered" if created else "already registered"
+        verb = "registered" if registered.created else "already registered"
         print(
             f"order {shown['order_id']} {verb}: payment {shown['payment_id']},"
             f" {shown['amount']} {shown['currency']}, status {shown['status']}"
@@ -81,15 +90,14 @@ async def order_add(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
-    letters: list[dlq.DeadLetter] = []
-    try:
-        async with broker(settings) as (channel, topology):
-            letters = await dlq.dead_letters_for_payment(
-                channel, topology, args.payment_id, lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S
-            )
-    except (UnreachableError, dlq.MissingQueueError, dlq_lock.DlqBusyError) as e:
+    letters, missing = await dead_letters_or_reason(
+        lambda: _channel(settings),
+        build_topology(settings.amqp_prefix, settings.retry_delays_s),
+        args.payment_id,
+    )
+    if missing is not None:
         # The database holds most of the answer: show it, and say what is missing.
-        print(f"payhooks: dead letters not shown: {e}", file=sys.stderr)
+        print(f"payhooks: dead letters not shown: {missing}", file=sys.stderr)
     async with database(settings) as conn:
         view = await payment_view(conn, args.payment_id, letters)
     if view is None:
@@ -161,15 +169,8 @@ async def dlq_show(settings: Settings, args: argparse.Namespace) -> int:
 
 async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
     try:
-        selection = Selection.parse(
-            ids=args.id or (),
-            everything=args.all,
-            reason=args.reason,
-            event_type=args.event_type,
-            payment_id=args.payment_id,
-            since=args.since,
-            until=args.until,
-        )
+        filters = {f: getattr(args, f) for f in FILTERS}
+        selection = Selection.parse(ids=args.id or (), everything=args.all, **filters)
     except ValueError as e:
         return _fail(f"--{e}", EXIT_USAGE)
     if selection.says_nothing:
@@ -180,40 +181,27 @@ async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
         )
     progress = Progress("requeued")
     async with broker(settings) as (channel, topology):
-        result = await requeue(
+        answer, letters = await requeue_recorded(
             channel,
             dlq.dlq_name(topology, args.queue),
             selection,
+            _operator(),
+            _trail(settings),
             limit=args.limit,
             dry_run=args.dry_run,
             progress=progress,
         )
     progress.finish()
-    ids = [d.id for d in result.requeued]
-    if not args.dry_run:
-        what = selection.as_json() | ({} if args.limit is None else {"limit": args.limit})
-        queue = dlq.dlq_name(topology, args.queue)
-        await _record(
-            settings,
-            audit.Action(audit.cli_actor(), "cli", audit.REQUEUE, queue, ids, len(ids), what),
-        )
     if args.json:
-        _print_json(
-            {
-                "requeued": 0 if args.dry_run else len(ids),
-                "dry_run": args.dry_run,
-                "ids": ids,
-                "not_found": result.not_found,
-            }
-        )
+        _print_json(answer.as_json())
     else:
         verb = "would requeue" if args.dry_run else "requeued"
-        for letter in result.requeued:
+        for letter in letters:
             print(f"{verb} {letter.id} ({letter.reason}) -> {letter.original_queue}")
-        for missing in result.not_found:
+        for missing in answer.not_found:
             print(f"not found: {missing}", file=sys.stderr)
-        print(f"{verb} {len(ids)} message(s) from {args.queue}.dlq")
-    return EXIT_OK if ids else EXIT_NOTHING
+        print(f"{verb} {len(answer.ids)} message(s) from {args.queue}.dlq")
+    return EXIT_OK if answer.ids else EXIT_NOTHING
 
 
 async def dlq_purge(settings: Settings, args: argparse.Namespace) -> int:
@@ -221,23 +209,24 @@ async def dlq_purge(settings: Settings, args: argparse.Namespace) -> int:
         return _fail("purge deletes messages for good: add --yes to confirm", EXIT_USAGE)
     progress = Progress("purged")
     async with broker(settings) as (channel, topology):
-        removed = await purge(channel, dlq.dlq_name(topology, args.queue), progress=progress)
+        purged = await purge_recorded(
+            channel,
+            dlq.dlq_name(topology, args.queue),
+            _operator(),
+            _trail(settings),
+            progress=progress,
+        )
     progress.finish()
-    purged = [d.id for d in removed]
-    queue = dlq.dlq_name(topology, args.queue)
-    await _record(
-        settings, audit.Action(audit.cli_actor(), "cli", audit.PURGE, queue, purged, len(purged))
-    )
     if args.json:
-        _print_json({"purged": len(removed), "messages": [d.as_json() for d in removed]})
+        _print_json(purged.as_json())
     else:
-        for letter in removed:
+        for letter in purged.messages:
             print(
                 f"purged {letter.id} ({letter.reason}) event {letter.event} "
                 f"payment {letter.payment_id}"
             )
-        print(f"purged {len(removed)} message(s) from {args.queue}.dlq")
-    return EXIT_OK if removed else EXIT_NOTHING
+        print(f"purged {len(purged.messages)} message(s) from {args.queue}.dlq")
+    return EXIT_OK if purged.messages else EXIT_NOTHING
 
 
 async def unrouted_show(settings: Settings, args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """One order transition: its customer email, at most once per (payment, template), and never
 a success email after the refund one (SPEC 5): recorded skipped instead. Sent before the
-batch commits; the one resend window is in make_handler's docstring."""
+batch commits; the one resend window is in _Batch's docstring."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import structlog
 from services.email.sender import Sender
 from services.email.template_files import EmailTemplate
 from services.email.templates import TEMPLATE_FOR_EVENT, OutgoingEmail, message_id, render
-from shared.batches import BatchHandler, Delivery, Result, Step, apply_batch, keys_of
+from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch, keys_of
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition
@@ -54,40 +54,52 @@ class _Email:
     email: OutgoingEmail
 
 
-def make_handler(
-    pool: asyncpg.Pool[Any],
-    sender: Sender,
-    email_from: str,
-    metrics: EmailMetrics,
-    templates: Mapping[str, EmailTemplate] | None = None,
-) -> BatchHandler:
-    """A batch's emails are decided in one transaction: its payments locked first, in one
-    statement; each message's email found in payment id order; all of them claimed (or
-    recorded skipped) in one statement. Then the claimed ones are sent (a payment's emails
-    one after the other in the order decided, different payments concurrently) and
-    committed together; the record of an email whose send failed is taken back before the
-    commit.
+class _Batch:
+    """One batch's emails, decided in one transaction: its payments' emails locked first, in
+    one statement (`start`); each message's email found in payment id order (`handle`); all
+    of them claimed (or recorded skipped) in one statement, then the claimed ones sent, a
+    payment's emails one after the other in the order decided and different payments
+    concurrently, and the record of an email whose send failed taken back (`write`); then
+    the commit.
 
     The commit follows the SMTP server's acceptance. If PostgreSQL goes away between the two,
-    the record is written again in a new transaction, retried for RECORD_AFTER_SEND_S, so a
-    database outage does not resend. A crash of the process in that window is the one case
-    that resends, with the same deterministic Message-ID, which mail systems dedup."""
+    the record is written again in a new transaction (`failed`), retried for
+    RECORD_AFTER_SEND_S, so a database outage does not resend. A crash of the process in that
+    window is the one case that resends, with the same deterministic Message-ID, which mail
+    systems dedup."""
 
-    def decide(orders: dict[str, asyncpg.Record], step: Step, delivery: Delivery) -> str:
-        """The email the message asks for, left on the step; `orders`: the batch's, read
-        before its transaction."""
+    def __init__(
+        self,
+        orders: dict[str, asyncpg.Record],
+        pool: asyncpg.Pool[Any],
+        sender: Sender,
+        email_from: str,
+        templates: Mapping[str, EmailTemplate] | None,
+    ) -> None:
+        self._orders = orders  # read before the transaction
+        self._pool = pool
+        self._sender = sender
+        self._email_from = email_from
+        self._templates = templates
+        self.delivered: list[_Email] = []  # accepted by the SMTP server
+
+    async def start(self, conn: Executor, payment_ids: list[str]) -> None:
+        await emails_sql.lock_payment_emails(conn, payment_ids)
+
+    async def handle(self, step: Step, delivery: Delivery) -> str:
+        """The email the message asks for, left on the step."""
         transition = OrderTransition.decode(delivery.body)
         template = TEMPLATE_FOR_EVENT.get(transition.event)
         if template is None:
             return "ok"  # order.cancelled and friends send nothing
         payment_id = transition.payment_id
-        order = orders.get(payment_id)
+        order = self._orders.get(payment_id)
         if order is None:
             raise UnknownPaymentError(f"no order for payment {payment_id}")
         claim = emails_sql.EmailClaim(
             payment_id,
             template,
-            message_id(template, payment_id, email_from),
+            message_id(template, payment_id, self._email_from),
             order["email"],
             delivery.message_id,
             skip_if_recorded=REFUNDED_EMAIL if template == SUCCEEDED_EMAIL else None,
@@ -95,74 +107,85 @@ def make_handler(
         step.value = _Claim(step.index, claim, order)
         return "ok"
 
-    async def handle(deliveries: Sequence[Delivery]) -> list[Result]:
-        delivered: list[_Email] = []  # accepted by the SMTP server
-
-        async def claim_and_send(conn: Executor, steps: list[Step]) -> dict[int, Result]:
-            claims = [step.value for step in steps if isinstance(step.value, _Claim)]
-            answers = await emails_sql.claim_emails(conn, [c.claim for c in claims])
-            changed: dict[int, Result] = {}
-            emails: list[_Email] = []
-            for c, answer in zip(claims, answers, strict=True):
-                if answer is None:
-                    changed[c.index] = "skipped_duplicate"
-                elif not answer:
-                    changed[c.index] = _SKIPPED_AFTER_REFUND
-                else:
-                    try:
-                        emails.append(_Email(c.index, c.claim, _render(c, email_from, templates)))
-                    except Exception as e:  # a header it can't write: for good
-                        changed[c.index] = e
-            failed = await _send_all(sender, emails)
-            changed.update(failed)
-            delivered[:] = [m for m in emails if m.index not in failed]
-            if unsent := [c.claim for c in claims if isinstance(changed.get(c.index), Exception)]:
-                await emails_sql.forget_emails(conn, [(c.payment_id, c.template) for c in unsent])
-            return changed
-
-        async def decide_step(step: Step, delivery: Delivery) -> str:
-            return decide(orders, step, delivery)
-
-        results: list[Result | None]
-        try:
-            orders = await orders_sql.orders_for_payments(pool, keys_of(deliveries, _payment_id))
-            results, _ = await apply_batch(
-                pool,
-                deliveries,
-                decide_step,
-                _payment_id,
-                before_commit=claim_and_send,
-                start=emails_sql.lock_payment_emails,
-            )
-        except TRANSIENT_DB_ERRORS as caught:
-            lost = caught if isinstance(caught, Exception) else RuntimeError(repr(caught))
-            results = [lost] * len(deliveries)
-            if delivered:
-                # The SMTP server has these emails; the failed commit took their records along.
-                log.warning(
-                    "email.record_failed_after_send", error=repr(lost), emails=len(delivered)
-                )
-            for email in delivered:
+    async def write(self, conn: Executor, steps: list[Step]) -> dict[int, Result]:
+        """Claim and send the committed steps' emails."""
+        claims = [step.value for step in steps if isinstance(step.value, _Claim)]
+        answers = await emails_sql.claim_emails(conn, [c.claim for c in claims])
+        changed: dict[int, Result] = {}
+        emails: list[_Email] = []
+        for c, answer in zip(claims, answers, strict=True):
+            if answer is None:
+                changed[c.index] = "skipped_duplicate"
+            elif not answer:
+                changed[c.index] = _SKIPPED_AFTER_REFUND
+            else:
                 try:
-                    await _record_after_send(pool, email.claim)
-                except Exception as again:
-                    results[email.index] = again
-                else:
-                    results[email.index] = "ok"
+                    emails.append(
+                        _Email(c.index, c.claim, _render(c, self._email_from, self._templates))
+                    )
+                except Exception as e:  # a header it can't write: for good
+                    changed[c.index] = e
+        failed = await _send_all(self._sender, emails)
+        changed.update(failed)
+        self.delivered = [m for m in emails if m.index not in failed]
+        if unsent := [c.claim for c in claims if isinstance(changed.get(c.index), Exception)]:
+            await emails_sql.forget_emails(conn, [(c.payment_id, c.template) for c in unsent])
+        return changed
+
+    async def failed(self, error: Exception, deliveries: int) -> list[Result]:
+        """The batch failed after `write` may have sent: the emails the SMTP server has are
+        recorded anew (the failed commit took their records along); nothing else counts."""
+        if not isinstance(error, TRANSIENT_DB_ERRORS):
+            raise error  # not the database's: the worker hands the whole batch back
+        results: list[Result] = [error] * deliveries
+        if self.delivered:
+            log.warning(
+                "email.record_failed_after_send", error=repr(error), emails=len(self.delivered)
+            )
+        for email in self.delivered:
+            try:
+                await _record_after_send(self._pool, email.claim)
+            except Exception as again:
+                results[email.index] = again
+            else:
+                results[email.index] = "ok"
+        return results
+
+    def report(
+        self, deliveries: Sequence[Delivery], results: list[Result], metrics: EmailMetrics
+    ) -> list[Result]:
+        """Count and log what the batch sent and skipped; a skipped email's message is `ok`."""
         for i, result in enumerate(results):
             if result == _SKIPPED_AFTER_REFUND:
                 metrics.emails_skipped.labels(template=SUCCEEDED_EMAIL).inc()
                 log.info("email.skipped_after_refund", payment_id=_payment_id(deliveries[i]))
                 results[i] = "ok"
-        for email in delivered:
+        for email in self.delivered:
             if results[email.index] == "ok":
                 metrics.emails_sent.labels(template=email.claim.template).inc()
                 log.info(
                     "email.sent", payment_id=email.claim.payment_id, template=email.claim.template
                 )
-        return [r if r is not None else RuntimeError("not handled") for r in results]
+        return results
 
-    return handle
+
+def make_handler(
+    pool: asyncpg.Pool[Any],
+    sender: Sender,
+    email_from: str,
+    metrics: EmailMetrics,
+    templates: Mapping[str, EmailTemplate] | None = None,
+) -> BatchHandler:
+    async def run(deliveries: Sequence[Delivery]) -> list[Result]:
+        try:
+            orders = await orders_sql.orders_for_payments(pool, keys_of(deliveries, _payment_id))
+        except TRANSIENT_DB_ERRORS as e:
+            return [e if isinstance(e, Exception) else RuntimeError(repr(e))] * len(deliveries)
+        batch = _Batch(orders, pool, sender, email_from, templates)
+        results = await apply_set_batch(pool, deliveries, batch, _payment_id, failed=batch.failed)
+        return batch.report(deliveries, results, metrics)
+
+    return run
 
 
 def _render(

@@ -40,13 +40,9 @@ def in_flight_cap(open_files: int) -> int:
     return max(64, min(MAX_IN_FLIGHT, open_files - FILES_KEPT_FREE))
 
 
-def create_app(
-    settings: Settings,
-    *,
-    acceptor_config: AcceptorConfig | None = None,
-    sweep_interval_s: float = 5.0,
-    sweep_after_s: float = SWEEP_AFTER_S,
-) -> web.Application:
+def endpoint_app(settings: Settings) -> web.Application:
+    """The webhook endpoint and all it stands on but an accept path (`ACCEPTOR`, set by a
+    cleanup context the caller adds): ingest's, and the naive benchmark baseline's."""
     metrics = IngestMetrics.create(secrets=len(settings.webhook_secrets))
     # Raw bodies: the signature covers the exact bytes received, so a `Content-Encoding:
     # gzip` body is checked (and stored) as sent, and then is no JSON (400), never inflated.
@@ -66,6 +62,18 @@ def create_app(
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=10))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+    app.router.add_post(WEBHOOK_PATH, receive_webhook)
+    return app
+
+
+def create_app(
+    settings: Settings,
+    *,
+    acceptor_config: AcceptorConfig | None = None,
+    sweep_interval_s: float = 5.0,
+    sweep_after_s: float = SWEEP_AFTER_S,
+) -> web.Application:
+    app = endpoint_app(settings)
 
     async def acceptor_ctx(app: web.Application) -> AsyncIterator[None]:
         config = acceptor_config or AcceptorConfig()
@@ -86,7 +94,6 @@ def create_app(
             await acceptor.close()
 
     app.cleanup_ctx.append(acceptor_ctx)
-    app.router.add_post(WEBHOOK_PATH, receive_webhook)
     return app
 
 

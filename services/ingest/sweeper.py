@@ -4,6 +4,7 @@ ingest replicas sweep side by side."""
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import asyncpg
@@ -11,8 +12,11 @@ import structlog
 
 from services.ingest.accept import outgoing
 from shared.broker import Broker
+from shared.db import Executor
 from shared.metrics import IngestMetrics
+from shared.outgoing import Outgoing
 from shared.queries import inbox as inbox_sql
+from shared.relay import confirmed, drain, publish_unpublished
 from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
@@ -23,46 +27,45 @@ SWEEP_AFTER_S = 10.0
 _PUBLISH_TIMEOUT_S = 4.0
 
 
+@dataclass(frozen=True, slots=True)
 class Sweeper:
-    def __init__(
-        self,
-        pool: asyncpg.Pool[Any],
-        broker: Broker,
-        metrics: IngestMetrics,
-        *,
-        interval_s: float = 5.0,
-        after_s: float = SWEEP_AFTER_S,
-        batch: int = 500,
-    ) -> None:
-        self._pool = pool
-        self._broker = broker
-        self._metrics = metrics
-        self._interval_s = interval_s
-        self._after_s = after_s
-        self._batch = batch
+    pool: asyncpg.Pool[Any]
+    broker: Broker
+    metrics: IngestMetrics
+    _: KW_ONLY
+    interval_s: float = 5.0
+    after_s: float = SWEEP_AFTER_S
+    batch: int = 500
 
     async def run_forever(self) -> None:
-        await keep_running(self._drain, self._interval_s, "sweeper.failed")
+        await keep_running(self._drain, self.interval_s, "sweeper.failed")
 
     async def _drain(self) -> None:
-        while await self.sweep_once() == self._batch:
-            pass  # a full batch all published: there may be more waiting
+        await drain(self.sweep_once, self.batch)
 
     async def sweep_once(self) -> int:
         """Publish one batch of stranded rows; return how many were confirmed."""
-        if not self._broker.is_ready:
+        outcome = await publish_unpublished(
+            self.pool,
+            self.broker,
+            inbox_sql.lock_unpublished,
+            _mark,
+            _outgoing,
+            older_than_s=self.after_s,
+            batch=self.batch,
+            publish_timeout_s=_PUBLISH_TIMEOUT_S,
+        )
+        if not outcome:
             return 0
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await inbox_sql.lock_unpublished(conn, self._after_s, self._batch)
-            if not rows:
-                return 0
-            results = await self._broker.publish_many(
-                [outgoing(r.provider, r.event_id, r.event_type, r.body) for r in rows],
-                _PUBLISH_TIMEOUT_S,
-            )
-            done = [row.id for row, error in zip(rows, results, strict=True) if error is None]
-            if done:
-                await inbox_sql.mark_published(conn, done)
-        self._metrics.sweeper_published.inc(len(done))
-        log.info("sweeper.published", published=len(done), failed=len(rows) - len(done))
-        return len(done)
+        done = confirmed(outcome)
+        self.metrics.sweeper_published.inc(done)
+        log.info("sweeper.published", published=done, failed=len(outcome) - done)
+        return done
+
+
+def _outgoing(row: inbox_sql.Unpublished) -> Outgoing:
+    return outgoing(row.provider, row.event_id, row.event_type, row.body)
+
+
+async def _mark(conn: Executor, rows: list[inbox_sql.Unpublished]) -> None:
+    await inbox_sql.mark_published(conn, [row.id for row in rows])

@@ -20,9 +20,11 @@ import asyncpg
 import structlog
 
 from shared.broker import Broker
+from shared.db import Executor
 from shared.messages import ORDER_TRANSITION_SCHEMA
 from shared.outgoing import Outgoing
 from shared.queries import outbox as outbox_sql
+from shared.relay import confirmed, drain, publish_unpublished
 from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
@@ -69,8 +71,7 @@ class OutboxRelay:
         loop = asyncio.get_running_loop()
         if loop.time() >= self._next_sweep:
             self._next_sweep = loop.time() + self._poll_interval_s
-            while await self.relay_once(self._grace_s) == _BATCH:
-                pass  # a full batch went out: more may be waiting
+            await drain(lambda: self.relay_once(self._grace_s), _BATCH)
 
     async def publish_committed(self) -> int:
         """Publish the rows handed over since the last time; mark the confirmed ones. Return
@@ -87,20 +88,20 @@ class OutboxRelay:
     async def relay_once(self, older_than_s: float = 0.0) -> int:
         """Publish one batch of unpublished rows committed more than `older_than_s` ago;
         return how many were confirmed."""
-        if not self._broker.is_ready:
-            return 0
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await outbox_sql.lock_unpublished_outbox(conn, older_than_s, _BATCH)
-            if not rows:
-                return 0
-            messages = [
-                Outgoing(r.routing_key, r.body, r.message_id, r.routing_key, _HEADERS) for r in rows
-            ]
-            results = await self._broker.publish_many(messages, _PUBLISH_TIMEOUT_S)
-            done = self._confirmed(messages, results)
-            if done:
-                await outbox_sql.mark_outbox_published(conn, done)
-        return len(done)
+        outcome = await publish_unpublished(
+            self._pool,
+            self._broker,
+            outbox_sql.lock_unpublished_outbox,
+            _mark,
+            _outgoing,
+            older_than_s=older_than_s,
+            batch=_BATCH,
+            publish_timeout_s=_PUBLISH_TIMEOUT_S,
+        )
+        for row, error in outcome:
+            if error is not None:
+                _publish_failed(row.message_id, error)
+        return confirmed(outcome)
 
     @staticmethod
     def _confirmed(
@@ -115,7 +116,17 @@ class OutboxRelay:
             if error is None:
                 done.append(message.message_id)
             else:
-                log.warning(
-                    "outbox.publish_failed", message_id=message.message_id, error=repr(error)
-                )
+                _publish_failed(message.message_id, error)
         return done
+
+
+def _publish_failed(message_id: str, error: BaseException) -> None:
+    log.warning("outbox.publish_failed", message_id=message_id, error=repr(error))
+
+
+def _outgoing(row: outbox_sql.OutboxMessage) -> Outgoing:
+    return Outgoing(row.routing_key, row.body, row.message_id, row.routing_key, _HEADERS)
+
+
+async def _mark(conn: Executor, rows: list[outbox_sql.OutboxMessage]) -> None:
+    await outbox_sql.mark_outbox_published(conn, [row.message_id for row in rows])

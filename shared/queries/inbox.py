@@ -93,6 +93,30 @@ async def store_batch(
     return [StoredEntry(r["id"], r["event_id"], r["inserted"], r["published"]) for r in rows]
 
 
+_STORE_ONE = """
+INSERT INTO inbox (provider, event_id, event_type, payment_id, body, headers)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb)
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING id
+"""
+
+
+async def store_one(db: Executor, provider: str, entry: InboxEntry) -> int | None:
+    """One webhook in a statement of its own and no unpublished row (its publish is awaited
+    before the answer): the naive benchmark baseline's accept path (bench/naive_ingest.py).
+    The new row's id; None for an id stored before."""
+    row_id: int | None = await db.fetchval(
+        _STORE_ONE,
+        provider,
+        storable_text(entry.event_id),
+        storable_text(entry.event_type),
+        None if entry.payment_id is None else storable_text(entry.payment_id),
+        entry.body,
+        _storable_headers(entry.headers),
+    )
+    return row_id
+
+
 _MARK_PUBLISHED = "DELETE FROM inbox_unpublished WHERE id = ANY($1::bigint[])"
 
 

@@ -313,6 +313,7 @@ async def test_dlq_requeue_json_reports_exactly_what_moved(
     assert result.code == 0, result.err
     assert result.json() == {
         "requeued": len(moved),
+        "would_requeue": None,
         "dry_run": False,
         "ids": moved_ids,
         "not_found": [],
@@ -340,6 +341,7 @@ async def test_dlq_requeue_dry_run_prints_what_would_move_and_moves_nothing(
     assert "would requeue 2 message(s)" in human.out
     assert machine.json() == {
         "requeued": 0,
+        "would_requeue": 2,
         "dry_run": True,
         "ids": [x.id for x in letters],
         "not_found": [],

@@ -15,6 +15,7 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
+from services.api import monitor
 from services.api.app import create_app
 from services.api.console import sessions
 from tests.integration.api_contract import running_api
@@ -313,3 +314,41 @@ async def test_without_rabbitmq_dlq_pages_say_so_and_the_payment_page_still_answ
     assert answer.headers["Retry-After"] == "5"
     assert "RabbitMQ is not available" in await answer.text()
     assert (await client.get("/console/payments/nobody")).status == 404  # the database answered
+
+
+def consumer_cells(page: str) -> dict[str, str]:
+    """Each work queue's consumers cell of the overview, as written."""
+    rows = re.findall(r'<th scope="row">(\w+)</th>\s*<td[^>]*>.*?</td>\s*(<td.*?</td>)', page, re.S)
+    return dict(rows)
+
+
+async def test_the_overview_says_not_measured_yet_where_no_pass_has_counted(
+    aiohttp_client: Any, make_settings: Any, db: Any, channel: Any
+) -> None:
+    # Before the monitor's first pass (RabbitMQ is not there): no figure, not a red 0.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    unmeasured = make_settings(
+        ADMIN_TOKENS=TOKENS, AMQP_URL=f"amqp://guest:guest@127.0.0.1:{port}/"
+    )
+    client = await aiohttp_client(create_app(unmeasured, monitor_interval_s=3600))
+    await sign_in(client, "ann-token")
+    page = await (await client.get("/console/")).text()
+    cells = consumer_cells(page)
+    assert sorted(cells) == ["bonuses", "emails", "orders"]
+    assert all("not measured yet" in cell and "bad" not in cell for cell in cells.values())
+    assert "not measured yet" in page.split('id="backlogs"')[1]
+
+    # The pass at the api's start counted no consumers: workers started with it may still be
+    # attaching, so still not measured; a pass later than that shows a red 0.
+    api = await running_api(aiohttp_client, make_settings(ADMIN_TOKENS=TOKENS))
+    await sign_in(api, "ann-token")
+    cells = consumer_cells(await (await api.get("/console/")).text())
+    assert all("not measured yet" in cell and "bad" not in cell for cell in cells.values())
+    assert api.app is not None
+    passes = api.app[monitor.PASSES]
+    passes.started_at -= monitor.STARTING_S  # as if that pass came STARTING_S after the start
+    cells = consumer_cells(await (await api.get("/console/")).text())
+    assert cells == dict.fromkeys(cells, '<td class="num bad">0</td>')

@@ -27,7 +27,7 @@ from services.ingest.accept import outgoing
 from services.orders.handler import make_handler as orders_handler
 from services.orders.outbox import OutboxRelay
 from services.sim.summary import expected_final_status
-from shared.batches import BatchHandler, Delivery, Handler, Result, one_by_one
+from shared.batches import BatchHandler, Delivery, Result
 from shared.broker import Broker
 from shared.config import Settings
 from shared.db import create_pool
@@ -38,6 +38,7 @@ from shared.topology import Topology, declare
 from shared.vocabulary import OrderStatus
 from shared.worker import Worker
 from shared.xhub.events import InvalidEventError
+from tests.batch_handlers import Handler, one_by_one
 from tests.conftest import SmtpSink
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import (

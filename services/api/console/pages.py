@@ -15,10 +15,12 @@ from services.api.console import sessions
 from services.api.console.guard import SIGN_IN, error
 from services.api.console.render import render
 from services.api.console.sessions import GATE, SIGNED_IN
-from services.api.dlq_access import DLQ_ACCESS, payment_dead_letters
+from services.api.dlq_access import DLQ_ACCESS
+from services.api.monitor import PASSES
 from shared import dlq, dlq_lock, unrouted
 from shared.db import DB_POOL
-from shared.dlq_moves import Selection, UnroutableError, requeue
+from shared.dlq_moves import FILTERS, Selection, UnroutableError
+from shared.operator_actions import Edge, Operator, dead_letters_or_reason, requeue_recorded
 from shared.order_input import text_problem
 from shared.payment_view import payment_view
 from shared.queries import audit
@@ -30,7 +32,6 @@ from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)
 
-FILTERS = ("reason", "event_type", "payment_id", "since", "until")
 MAX_ROWS = 200  # dead letters or unrouted messages listed on one page
 MAX_REQUEUE = 1000  # dead letters one confirmation moves (the page lists each)
 AUDIT_PAGE = 50
@@ -126,9 +127,12 @@ async def overview(request: web.Request) -> web.Response:
         for work in topology.work.values()
     ]
     recent = await inbox_sql.received_since(request.config_dict[DB_POOL], RECENT_S, RECENT_CAP)
+    passes = request.config_dict[PASSES]
     return render(
         request,
         "overview.html",
+        measured=passes.measured,
+        consumers_measured=passes.consumers_measured,
         queues=queues,
         unrouted=gauge(messages, topology.unrouted),
         inbox_unpublished=gauge("payhooks_inbox_unpublished"),
@@ -168,7 +172,7 @@ async def payment(request: web.Request) -> web.Response:
     if text_problem(payment_id) is not None:
         return error(request, 404, "No payment has such an id.")
     access = request.config_dict[DLQ_ACCESS]
-    letters, missing = await payment_dead_letters(access, payment_id)
+    letters, missing = await dead_letters_or_reason(access.channel, access.topology, payment_id)
     view = await payment_view(request.config_dict[DB_POOL], payment_id, letters)
     if view is None:
         return error(request, 404, f"payhooks has never heard of payment {payment_id}.")
@@ -201,14 +205,7 @@ def _queue(request: web.Request) -> tuple[str, str]:
 
 def _selection(values: Mapping[str, str], ids: tuple[str, ...] = ()) -> Selection:
     """The filter fields (and ids) as a Selection; no filter at all means every letter."""
-    selection = Selection.parse(
-        ids=ids,
-        reason=_text(values, "reason"),
-        event_type=_text(values, "event_type"),
-        payment_id=_text(values, "payment_id"),
-        since=_text(values, "since"),
-        until=_text(values, "until"),
-    )
+    selection = Selection.parse(ids=ids, everything=False, **{f: _text(values, f) for f in FILTERS})
     return Selection.parse(everything=True) if selection.says_nothing else selection
 
 
@@ -253,10 +250,12 @@ async def requeue_page(request: web.Request) -> web.Response:
         selection = _selection(fields, ids if confirming else ())
     except ValueError as e:
         return error(request, 400, str(e))
-    access = request.config_dict[DLQ_ACCESS]
+    by = Operator(request[SIGNED_IN].name, Edge.CONSOLE)
     try:
-        async with access.channel() as channel:
-            result = await requeue(channel, queue, selection, dry_run=not confirming)
+        async with request.config_dict[DLQ_ACCESS].channel() as channel:
+            answer, letters = await requeue_recorded(
+                channel, queue, selection, by, request.config_dict[DB_POOL], dry_run=not confirming
+            )
     except UnroutableError as e:
         return error(request, 409, f"{e}. What was requeued before it stays requeued.")
     if not confirming:
@@ -266,23 +265,10 @@ async def requeue_page(request: web.Request) -> web.Response:
             name=name,
             queue=queue,
             filters=fields,
-            matching=len(result.requeued),
-            letters=result.requeued[:MAX_REQUEUE],
+            matching=len(letters),
+            letters=letters[:MAX_REQUEUE],
         )
-    moved = [letter.id for letter in result.requeued]
-    done = audit.Action(
-        request[SIGNED_IN].name,
-        "console",
-        audit.REQUEUE,
-        queue,
-        moved,
-        len(moved),
-        selection.as_json(),
-    )
-    await audit.record(request.config_dict[DB_POOL], done)
-    return render(
-        request, "requeued.html", name=name, queue=queue, moved=moved, gone=result.not_found
-    )
+    return render(request, "requeued.html", name=name, queue=queue, answer=answer.as_json())
 
 
 async def unrouted_page(request: web.Request) -> web.Response:

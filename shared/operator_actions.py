@@ -1,0 +1,157 @@
+"""Operator actions, each done and recorded in the audit trail by one function: the api, the
+console and the CLI only parse their input and render the answer, so no edge can act unaudited."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeAlias
+
+from aio_pika.abc import AbstractChannel
+
+from shared import dlq, dlq_lock
+from shared.connections import UnreachableError
+from shared.db import Executor
+from shared.dlq_moves import Progress, Selection, purge, requeue
+from shared.errors import UnavailableError
+from shared.order_input import order_json
+from shared.queries import audit
+from shared.queries import orders as orders_sql
+from shared.queries.orders import NewOrder
+from shared.topology import Topology
+
+# Where the audit row goes: a pool or connection at hand, or one to open after the action
+# (the CLI's: a database that cannot be reached then is logged, the action stands).
+Trail: TypeAlias = "Executor | Callable[[], AbstractAsyncContextManager[Executor]]"
+
+
+class Edge(StrEnum):
+    """Through which the operator acted: the audit trail's `source`."""
+
+    API = "api"
+    CONSOLE = "console"
+    CLI = "cli"
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    name: str  # a token's name, or `cli:` and the OS user
+    edge: Edge
+
+
+async def _record(trail: Trail, action: audit.Action) -> None:
+    if not callable(trail):
+        await audit.record(trail, action)
+        return
+    try:
+        async with trail() as conn:
+            await audit.record(conn, action)
+    except UnreachableError as e:
+        audit.not_recorded(action, e)
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """What a requeue moved (or a dry run would move), and the ids it did not find."""
+
+    ids: list[str]
+    not_found: list[str]
+    dry_run: bool
+
+    def as_json(self) -> dict[str, Any]:
+        """The one answer of every edge (SPEC section 7, with the api's dry-run fields)."""
+        return {
+            "requeued": 0 if self.dry_run else len(self.ids),
+            "would_requeue": len(self.ids) if self.dry_run else None,
+            "dry_run": self.dry_run,
+            "ids": self.ids,
+            "not_found": self.not_found,
+        }
+
+
+async def requeue_recorded(
+    channel: AbstractChannel,
+    queue: str,
+    selection: Selection,
+    by: Operator,
+    trail: Trail,
+    *,
+    limit: int | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> tuple[Requeued, list[dlq.DeadLetter]]:
+    """Requeue from the DLQ `queue` (its full name) and record it; a dry run is no action.
+    Also returns the letters themselves, for the edges that list them."""
+    result = await requeue(
+        channel, queue, selection, limit=limit, dry_run=dry_run, progress=progress
+    )
+    ids = [letter.id for letter in result.requeued]
+    if not dry_run:
+        what = selection.as_json() | ({} if limit is None else {"limit": limit})
+        await _record(
+            trail, audit.Action(by.name, by.edge.value, audit.REQUEUE, queue, ids, len(ids), what)
+        )
+    return Requeued(ids, result.not_found, dry_run), result.requeued
+
+
+@dataclass(frozen=True, slots=True)
+class Purged:
+    messages: list[dlq.DeadLetter]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"purged": len(self.messages), "messages": [d.as_json() for d in self.messages]}
+
+
+async def purge_recorded(
+    channel: AbstractChannel,
+    queue: str,
+    by: Operator,
+    trail: Trail,
+    *,
+    progress: Progress | None = None,
+) -> Purged:
+    """Delete every message now in the DLQ `queue` and record it."""
+    removed = await purge(channel, queue, progress=progress)
+    ids = [d.id for d in removed]
+    await _record(trail, audit.Action(by.name, by.edge.value, audit.PURGE, queue, ids, len(ids)))
+    return Purged(removed)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    order: dict[str, Any]  # as the api shows it
+    created: bool  # False: the same order was already registered
+
+    def as_json(self) -> dict[str, Any]:
+        return self.order
+
+
+async def register_order_recorded(db: Executor, order: NewOrder, by: Operator) -> Registered:
+    """Register the order (idempotent on its id) and record it when it is new;
+    orders_sql.OrderConflictError if its id or payment id is another order's."""
+    row, created = await orders_sql.register_order(db, order)
+    if created:
+        registered = audit.Action(
+            by.name, by.edge.value, audit.ORDER_REGISTER, order.order_id, [order.payment_id], 1
+        )
+        await _record(db, registered)
+    return Registered(order_json(row), created)
+
+
+async def dead_letters_or_reason(
+    channel: Callable[[], AbstractAsyncContextManager[AbstractChannel]],
+    topology: Topology,
+    payment_id: str,
+) -> tuple[list[dlq.DeadLetter], str | None]:
+    """A payment's dead letters, or none and why they could not be read: the database holds
+    most of a payment's story, so a view gives it and says what is missing."""
+    try:
+        async with channel() as opened:
+            letters = await dlq.dead_letters_for_payment(
+                opened, topology, payment_id, lock_wait_s=dlq_lock.VIEW_LOCK_WAIT_S
+            )
+    except (UnavailableError, UnreachableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
+        return [], str(e)
+    return letters, None
