@@ -30,7 +30,8 @@ async def payment_view(
     """Everything payhooks knows about a payment; None if it has never heard of it."""
     order = await orders_sql.order_for_payment(conn, payment_id)
     webhooks = await inbox_sql.webhooks_for_payment(conn, payment_id)
-    if order is None and not webhooks:
+    parked = await parked_sql.for_payment(conn, payment_id)
+    if order is None and not webhooks and not parked:
         return None
     dead = {d.event_id: d for d in dead_letters if d.payment_id == payment_id}
     events, refund_failures = [], []
@@ -102,7 +103,7 @@ async def payment_view(
                 "released_at": _iso(r["released_at"]),
                 "dead_lettered_at": _iso(r["dead_lettered_at"]),
             }
-            for r in await parked_sql.for_payment(conn, payment_id)
+            for r in parked
         ],
         "dead_letters": [d.as_json() for d in dead_letters if d.payment_id == payment_id],
     }

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient
 
 from services.api.app import create_app
 from services.api.console import sessions
+from shared.queries import parked as parked_sql
 from tests.integration.api_contract import running_api
 from tests.integration.test_dlq import Letter, put_dead_letters, queue_ids, settled
 
@@ -313,3 +314,18 @@ async def test_without_rabbitmq_dlq_pages_say_so_and_the_payment_page_still_answ
     assert answer.headers["Retry-After"] == "5"
     assert "RabbitMQ is not available" in await answer.text()
     assert (await client.get("/console/payments/nobody")).status == 404  # the database answered
+
+
+async def test_the_payment_page_shows_its_parked_events(console: TestClient, db: Any) -> None:
+    event = parked_sql.ParkedEvent(
+        "evt_early", "xhub", "pay_early", "payment.status_changed", "k", b"{}", {}
+    )
+    await parked_sql.park(db, event)
+    await sign_in(console, "ann-token")
+
+    page = await (await console.get("/console/payments/pay_early")).text()
+
+    parked = page.split('id="parked"')[1].split("</section>")[0]
+    assert "evt_early" in parked
+    assert '<td class="state">parked</td>' in parked
+    assert "its events are parked until the shop registers it" in page
