@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target-ms", type=float, default=TARGET_MS, help="p99 target")
     p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
     p.add_argument("--log-dir", type=Path, default=None)
+    p.add_argument("--log-level", default="WARNING", help="the orders processes' LOG_LEVEL")
     return p.parse_args(argv)
 
 
@@ -191,7 +192,7 @@ async def run(args: argparse.Namespace, amqp_url: str, log_dir: Path) -> int:
         amqp_url=amqp_url,
         prefix=PREFIX,
         secret="bench-secret",
-        log_level="WARNING",
+        log_level=args.log_level,
     )
     topology = topology_of(env)
     ports = ports_for(f"orders{i}" for i in range(args.orders))
