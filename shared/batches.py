@@ -51,6 +51,9 @@ class Step:
     key: str = ""
     # What its processed mark records (the orders worker: the decision's reason).
     outcome: str = "ok"
+    # False: the message took no effect to mark (the orders worker parked it): a later copy,
+    # released or requeued, must still be processed.
+    marked: bool = True
 
     def after_commit(self, action: Callable[[], None]) -> None:
         self.then.append(action)
@@ -166,11 +169,11 @@ async def _attempt(
                 continue
             steps.append(step)
             handled.add(deliveries[i].message_id)  # a later copy in the batch is a duplicate
-        if marks is not None and steps:
+        if marks is not None and (to_mark := [s for s in steps if s.marked]):
             marked = await processed_sql.mark_all_processed(
-                conn, marks, [(deliveries[s.index].message_id, s.outcome) for s in steps]
+                conn, marks, [(deliveries[s.index].message_id, s.outcome) for s in to_mark]
             )
-            if len(marked) < len(steps):
+            if len(marked) < len(to_mark):
                 raise _Raced
         if before_commit is not None:
             changed = await before_commit(conn, steps)

@@ -61,6 +61,9 @@ class Settings:
     reconcile_interval_s: float
     reconcile_after_s: float
     reconcile_horizon_s: float
+    # How long the orders worker keeps an event for a payment without an order before it
+    # dead-letters it with reason unknown_payment.
+    unknown_payment_park_s: float
     xhub_api_rate: float  # questions a second to the provider's API: the reconciler's budget
     admin_token: str | None = field(repr=False)
     admin_tokens: tuple[AdminToken, ...] = field(repr=False)  # ADMIN_TOKEN's first, as `admin`
@@ -114,6 +117,9 @@ class Settings:
             "reconcile_after_s": reader.parse("RECONCILE_AFTER", 900.0, _positive_float),
             "xhub_api_rate": reader.parse("XHUB_API_RATE", 10.0, _positive_float),
             "reconcile_horizon_s": reader.parse("RECONCILE_HORIZON", 2_592_000.0, _positive_float),
+            "unknown_payment_park_s": reader.parse(
+                "UNKNOWN_PAYMENT_PARK_SECONDS", 21_600.0, _positive_float
+            ),
             "admin_token": admin,
             "admin_tokens": reader.parse(
                 "ADMIN_TOKENS", with_legacy(admin, ()), lambda t: parse_admin_tokens(t, admin)

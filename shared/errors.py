@@ -37,7 +37,10 @@ class PermanentError(PayhooksError):
 
 
 class UnknownPaymentError(TransientError):
-    """An event for a payment no order is registered for (yet): retry, then dead-letter."""
+    """An event for a payment no order is registered for (yet). The orders worker parks such
+    an event and dead-letters it with this reason once UNKNOWN_PAYMENT_PARK_SECONDS have
+    passed (services/orders/parked.py); the bonuses and email workers retry, then
+    dead-letter."""
 
     reason = "unknown_payment"
 

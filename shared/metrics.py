@@ -208,7 +208,8 @@ class IngestMetrics:
         )
 
 
-WORKER_OUTCOMES = ("ok", "skipped_duplicate", "retried", "dead_lettered")
+# `parked`: the orders worker's event for a payment without an order yet (SPEC section 5).
+WORKER_OUTCOMES = ("ok", "skipped_duplicate", "retried", "dead_lettered", "parked")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +260,8 @@ class WorkerMetrics:
 class OrderMetrics:
     undecided: Counter
     refund_failures: Counter
+    parked_released: Counter
+    parked_dead_lettered: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> OrderMetrics:
@@ -277,6 +280,18 @@ class OrderMetrics:
                 registry,
                 "event",
                 ("refund.failed", "refund.rejected"),
+            ),
+            parked_released=_counter(
+                "payhooks_parked_events_released",
+                "Parked events published back to the orders queue after their order was"
+                " registered.",
+                registry,
+            ),
+            parked_dead_lettered=_counter(
+                "payhooks_parked_events_dead_lettered",
+                "Parked events whose order was not registered within"
+                " UNKNOWN_PAYMENT_PARK_SECONDS, dead-lettered with reason unknown_payment.",
+                registry,
             ),
         )
 
@@ -341,6 +356,8 @@ class QueueMetrics:
     inbox_unpublished: Gauge
     orders_undecided: Gauge
     orders_undecided_oldest: Gauge
+    parked_events: Gauge
+    parked_oldest: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> QueueMetrics:
@@ -382,6 +399,16 @@ class QueueMetrics:
             orders_undecided_oldest=Gauge(
                 "payhooks_orders_undecided_oldest_seconds",
                 "How long the oldest undecided order has been undecided (0 when none).",
+                registry=registry,
+            ),
+            parked_events=Gauge(
+                "payhooks_parked_events",
+                "Provider events parked for a payment whose order is not registered yet.",
+                registry=registry,
+            ),
+            parked_oldest=Gauge(
+                "payhooks_parked_events_oldest_seconds",
+                "How long the oldest parked event has been parked (0 when none).",
                 registry=registry,
             ),
         )

@@ -15,6 +15,7 @@ from shared.queries import emails as emails_sql
 from shared.queries import inbox as inbox_sql
 from shared.queries import ledger as ledger_sql
 from shared.queries import orders as orders_sql
+from shared.queries import parked as parked_sql
 
 REFUND_FAILURE_EVENTS = frozenset({"refund.failed", "refund.rejected"})
 
@@ -29,7 +30,8 @@ async def payment_view(
     """Everything payhooks knows about a payment; None if it has never heard of it."""
     order = await orders_sql.order_for_payment(conn, payment_id)
     webhooks = await inbox_sql.webhooks_for_payment(conn, payment_id)
-    if order is None and not webhooks:
+    parked = await parked_sql.for_payment(conn, payment_id)
+    if order is None and not webhooks and not parked:
         return None
     dead = {d.event_id: d for d in dead_letters if d.payment_id == payment_id}
     events, refund_failures = [], []
@@ -90,8 +92,27 @@ async def payment_view(
             }
             for r in await emails_sql.emails_for_payment(conn, payment_id)
         ],
+        # Events that came before the order (SPEC section 5): waiting, released by the order's
+        # registration, or dead-lettered when their park ran out.
+        "parked": [
+            {
+                "event_id": r["event_id"],
+                "event": r["event_type"],
+                "state": _parked_state(r),
+                "parked_at": _iso(r["parked_at"]),
+                "released_at": _iso(r["released_at"]),
+                "dead_lettered_at": _iso(r["dead_lettered_at"]),
+            }
+            for r in parked
+        ],
         "dead_letters": [d.as_json() for d in dead_letters if d.payment_id == payment_id],
     }
+
+
+def _parked_state(row: Any) -> str:
+    if row["released_at"] is not None:
+        return "released"
+    return "dead_lettered" if row["dead_lettered_at"] is not None else "parked"
 
 
 async def user_bonus(conn: Executor, user_id: str) -> dict[str, Any]:

@@ -179,6 +179,9 @@ def migrated_database() -> Iterator[str]:
 # Every queue prefix this run handed out, for the sweep at the end of the session.
 _PREFIXES: list[str] = []
 _TEST_RETRY_DELAYS = "0.2,0.4"
+# An event for a payment without an order is parked this long, then dead-lettered (about as
+# soon as the short ladder above used to); the tests of parking itself set a long park.
+_TEST_PARK_S = "1"
 _MIN_QUEUE_AGE_S = 1.0
 # Test topologies whose queues wait to be deleted until they are _MIN_QUEUE_AGE_S old, with
 # when they were declared: by a later test's teardown (no test sleeps for its own), the rest
@@ -247,6 +250,7 @@ def make_settings(migrated_database: str, prefix: str) -> Callable[..., Settings
             "XHUB_WEBHOOK_SECRETS": ",".join(TEST_SECRETS),
             "AMQP_PREFIX": prefix,
             "RETRY_DELAYS": _TEST_RETRY_DELAYS,
+            "UNKNOWN_PAYMENT_PARK_SECONDS": _TEST_PARK_S,
             "ADMIN_TOKEN": "test-admin-token",
         }
         env.update(overrides)
@@ -280,7 +284,7 @@ async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
                 await conn.execute(
                     "TRUNCATE inbox, inbox_unpublished, orders, order_transitions,"
                     " processed_events, outbox, bonus_ledger, emails_sent, operator_actions,"
-                    " console_sessions RESTART IDENTITY"
+                    " console_sessions, parked_events RESTART IDENTITY"
                 )
                 break
             except asyncpg.DeadlockDetectedError:

@@ -1,5 +1,5 @@
-"""The api's monitor loop: queue depths, work queue consumers, DLQ ages, publish backlogs and
-undecided orders as gauges."""
+"""The api's monitor loop: queue depths, work queue consumers, DLQ ages, publish backlogs,
+undecided orders and parked events as gauges."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from shared.metrics import QueueMetrics
 from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
+from shared.queries import parked as parked_sql
 from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
@@ -77,6 +78,9 @@ async def refresh(
     undecided, oldest_s = await orders_sql.undecided_backlog(pool)
     metrics.orders_undecided.set(undecided)
     metrics.orders_undecided_oldest.set(oldest_s)
+    parked, parked_oldest_s = await parked_sql.waiting(pool)
+    metrics.parked_events.set(parked)
+    metrics.parked_oldest.set(parked_oldest_s)
     passes.last_at = begun
 
 

@@ -130,6 +130,7 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
         ("transitions", ["at", "id", "from", "to", "event_id"], "transitions"),
         ("bonus", ["created_at", "kind", "points", "transition_id", "user_id"], "bonus"),
         ("emails", ["sent_at", "template", "skipped", "message_id"], "emails"),
+        ("parked", ["parked_at", "event_id", "event", "state", "released_at"], "parked"),
         ("dead letters", ["id", "reason", "error", "attempts", "last_failed_at"], "dead_letters"),
     ]
     for title, columns, key in sections:
@@ -256,6 +257,6 @@ def _where_events_wait(view: dict[str, Any]) -> str:
             " requeue them (payhooks dlq requeue orders --id ...)"
         )
     return (
-        "its events are retried on the orders worker's ladder and dead-lettered to orders.dlq"
-        " if still unknown after it: register the order (payhooks order add) and they apply"
+        "its events are parked (dead-lettered to orders.dlq after UNKNOWN_PAYMENT_PARK_SECONDS):"
+        " register the order (payhooks order add) and they apply at once"
     )

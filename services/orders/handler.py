@@ -1,11 +1,13 @@
-"""Provider events: lock the orders, decide, write state + transitions + outbox, atomically.
+"""Provider events: lock the orders, decide, write state + transitions + outbox, atomically;
+an event for a payment without an order is parked (shared/queries/parked.py).
 
 A batch of events is applied in one transaction (shared/batches.py), in payment id order,
 with a constant number of statements, processed marks included."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime as dt
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,12 +18,12 @@ import structlog
 from services.orders.outbox import OutboxRelay
 from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch
 from shared.db import Executor
-from shared.errors import UnknownPaymentError
 from shared.messages import OrderTransition, checked_at_of
 from shared.metrics import OrderMetrics
 from shared.order_machine import REFUND_FAILURES, UNDECIDED, OrderState, decide
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
+from shared.queries import parked as parked_sql
 from shared.xhub.events import InvalidEventError, parse_event
 
 log = structlog.get_logger(__name__)
@@ -52,6 +54,10 @@ class _Batch:
         self._states: dict[str, OrderState] = {}
 
     async def start(self, conn: Executor, payment_ids: list[str]) -> None:
+        # The payments' park locks first, as order registration takes them: an order this
+        # read does not see is registered after this batch commits, and that registration
+        # releases what the batch parks (shared/queries/parked.py).
+        await parked_sql.lock_payments(conn, payment_ids)
         rows = await orders_sql.lock_orders(conn, payment_ids)
         self._rows = {r["payment_id"]: r for r in rows}
         self._states = {r["payment_id"]: OrderState.from_row(r) for r in rows}
@@ -67,7 +73,7 @@ class _Batch:
         conn = step.conn
         row = self._rows.get(event.payment_id)
         if row is None:
-            raise UnknownPaymentError(f"no order registered for payment {event.payment_id}")
+            return await self._park(step, delivery, event.payment_id, event.event_type)
         state = self._states[event.payment_id]
         decision = decide(state, event)
         step.outcome = decision.reason
@@ -123,6 +129,37 @@ class _Batch:
         step.after_commit(committed)
         return "ok"
 
+    async def _park(self, step: Step, delivery: Delivery, payment_id: str, event_type: str) -> str:
+        """No order for the payment (yet): the event waits in parked_events, acked with the
+        commit, until the order's registration releases it or its park runs out. No processed
+        mark: the released copy is the one that takes effect."""
+        provider = delivery.headers.get("provider")
+        parked = await parked_sql.park(
+            step.conn,
+            parked_sql.ParkedEvent(
+                event_id=delivery.message_id,
+                provider=provider if isinstance(provider, str) else None,
+                payment_id=payment_id,
+                event_type=event_type,
+                routing_key=delivery.routing_key,
+                body=delivery.body,
+                headers=stored_headers(delivery.headers),
+            ),
+        )
+        step.marked = False
+        step.outcome = "parked"
+
+        def committed() -> None:
+            log.info(
+                "order.parked" if parked else "order.parked_already",
+                message_id=delivery.message_id,
+                payment_id=payment_id,
+                event_type=event_type,
+            )
+
+        step.after_commit(committed)
+        return "parked"
+
     async def write(self, conn: Executor, steps: list[Step]) -> dict[int, Exception]:
         """The committed steps' writes: each order's last state, every transition and
         outbox message in the order decided."""
@@ -159,6 +196,25 @@ def make_handler(
         )
 
     return run
+
+
+def stored_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """A message's headers as JSON, to publish again later: ours, not RabbitMQ's (x-*)."""
+    return {k: _json_value(v) for k, v in headers.items() if not k.startswith("x-")}
+
+
+def _json_value(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    return str(value)  # a Decimal, say
 
 
 def payment_id_of(delivery: Delivery) -> str:

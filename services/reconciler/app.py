@@ -5,17 +5,16 @@ through the orders queue; every RECONCILE_INTERVAL, delete rows past the retenti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
-import asyncpg
 import structlog
 from aiohttp import web
 
 from services.reconciler.jobs import Reconciler
 from shared.broker import BROKER, broker_ctx
 from shared.config import Settings
-from shared.db import CONNECT_TIMEOUT_S, DB_POOL, pool_ctx, probe
+from shared.db import DB_POOL, pool_ctx
+from shared.listen import listen_forever
 from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
 from shared.queries.orders import UNDECIDED_CHANNEL
 from shared.service import Service
@@ -26,28 +25,11 @@ from shared.xhub.client import ProviderClient
 
 log = structlog.get_logger(__name__)
 
-_RELISTEN_S = 5.0
-_PROBE_S = 30.0
-
 
 async def listen_for_undecided(database_url: str, wake: asyncio.Event) -> None:
     """Set `wake` whenever an order is flagged undecided; reconnects after a lost connection
     (meanwhile the loop still runs every RECONCILE_INTERVAL)."""
-    while True:
-        try:
-            conn = await asyncpg.connect(database_url, timeout=CONNECT_TIMEOUT_S)
-            try:
-                await conn.add_listener(UNDECIDED_CHANNEL, lambda *_args: wake.set())
-                wake.set()  # flags raised while nobody listened
-                while True:  # a connection lost without a word fails this probe
-                    await asyncio.sleep(_PROBE_S)
-                    await probe(conn)
-            finally:
-                with contextlib.suppress(Exception):
-                    await conn.close(timeout=1)
-        except Exception as e:  # PostgreSQL away: try again, the interval loop goes on
-            log.warning("reconcile.listen_failed", error=repr(e))
-        await asyncio.sleep(_RELISTEN_S)
+    await listen_forever(database_url, UNDECIDED_CHANNEL, wake, "reconcile.listen_failed")
 
 
 def create_app(settings: Settings) -> web.Application:

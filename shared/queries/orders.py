@@ -6,12 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import asyncpg
 import orjson
+from asyncpg.pool import PoolConnectionProxy
 
 from shared.db import Executor, columns
+from shared.queries import parked as parked_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +37,27 @@ _ORDER_COLUMNS = (
 )
 
 
-async def register_order(conn: Executor, order: NewOrder) -> tuple[asyncpg.Record, bool]:
-    """Insert the order; idempotent on order_id. Returns (row, created)."""
-    try:
+async def register_order(db: Executor, order: NewOrder) -> tuple[asyncpg.Record, bool]:
+    """Insert the order; idempotent on order_id. Returns (row, created). In the same
+    transaction, under the payment's lock (shared/queries/parked.py), release the events the
+    orders worker parked for this payment before its order existed: every edge that registers
+    an order (API, console, CLI) comes through here."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            return await _register(conn, order)
+    return await _register(db, order)
+
+
+async def _register(
+    conn: asyncpg.Connection[Any] | PoolConnectionProxy[Any], order: NewOrder
+) -> tuple[asyncpg.Record, bool]:
+    async with conn.transaction():  # a savepoint inside the caller's transaction, if any
+        await parked_sql.lock_payments(conn, [order.payment_id])
+        # No conflict target: a taken order_id or payment_id both leave no row (an error
+        # would abort the transaction); the comparison below tells which.
         row = await conn.fetchrow(
             "INSERT INTO orders (order_id, payment_id, user_id, email, amount, currency)"
-            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (order_id) DO NOTHING"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING"
             f" RETURNING {_ORDER_COLUMNS}",
             order.order_id,
             order.payment_id,
@@ -49,27 +66,24 @@ async def register_order(conn: Executor, order: NewOrder) -> tuple[asyncpg.Recor
             order.amount,
             order.currency,
         )
-    except asyncpg.UniqueViolationError:
-        # The payment id is taken: by another order, or by this very order registered
-        # concurrently (ON CONFLICT only arbitrates order_id). The comparison below tells.
-        row = None
-    if row is not None:
-        return row, True
-    existing = await conn.fetchrow(
-        f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order.order_id
-    )
-    if existing is None:
-        raise OrderConflictError(f"payment {order.payment_id} belongs to another order")
-    same = (
-        existing["payment_id"] == order.payment_id
-        and existing["user_id"] == order.user_id
-        and existing["email"] == order.email
-        and existing["amount"] == order.amount
-        and existing["currency"] == order.currency
-    )
-    if not same:
-        raise OrderConflictError(f"order {order.order_id} is registered with other details")
-    return existing, False
+        if row is not None:
+            await parked_sql.release(conn, order.payment_id)
+            return row, True
+        existing = await conn.fetchrow(
+            f"SELECT {_ORDER_COLUMNS} FROM orders WHERE order_id = $1", order.order_id
+        )
+        if existing is None:
+            raise OrderConflictError(f"payment {order.payment_id} belongs to another order")
+        same = (
+            existing["payment_id"] == order.payment_id
+            and existing["user_id"] == order.user_id
+            and existing["email"] == order.email
+            and existing["amount"] == order.amount
+            and existing["currency"] == order.currency
+        )
+        if not same:
+            raise OrderConflictError(f"order {order.order_id} is registered with other details")
+        return existing, False
 
 
 async def lock_orders(conn: Executor, payment_ids: Sequence[str]) -> list[asyncpg.Record]:

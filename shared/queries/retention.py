@@ -6,7 +6,8 @@ from shared.db import Executor
 
 
 async def delete_old(conn: Executor, table: str, retention_s: float, limit: int) -> int:
-    """Delete up to `limit` rows past the retention; never an unpublished inbox/outbox row."""
+    """Delete up to `limit` rows past the retention; never an unpublished inbox/outbox row,
+    nor a parked event still waiting or released and not yet published."""
     statements = {
         "inbox": "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox i WHERE received_at <"
         " now() - make_interval(secs => $1) AND NOT EXISTS"
@@ -16,6 +17,9 @@ async def delete_old(conn: Executor, table: str, retention_s: float, limit: int)
         "processed_events": "DELETE FROM processed_events WHERE (worker, event_id) IN (SELECT"
         " worker, event_id FROM processed_events WHERE processed_at <"
         " now() - make_interval(secs => $1) LIMIT $2)",
+        "parked_events": "DELETE FROM parked_events WHERE id IN (SELECT id FROM parked_events"
+        " WHERE parked_at < now() - make_interval(secs => $1)"
+        " AND (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL) LIMIT $2)",
     }
     result = await conn.execute(statements[table], retention_s, limit)
     return int(result.split()[-1])

@@ -48,8 +48,9 @@ APPS: dict[str, Callable[[Settings], web.Application]] = {
 }
 # service -> the work queue it consumes (the worker label on its metrics is the service name)
 WORK_QUEUE = {"orders": "orders", "bonuses": "bonuses", "email": "emails"}
-# Outcomes after which a worker is done with a delivery ("retried" means it comes back).
-FINAL_OUTCOMES = ("ok", "skipped_duplicate", "dead_lettered")
+# Outcomes after which a worker is done with a delivery ("retried" means it comes back; a
+# "parked" one comes back as a new delivery once released).
+FINAL_OUTCOMES = ("ok", "skipped_duplicate", "dead_lettered", "parked")
 
 
 def system_settings(

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient
 from services.api import monitor
 from services.api.app import create_app
 from services.api.console import sessions
+from shared.queries import parked as parked_sql
 from tests.integration.api_contract import running_api
 from tests.integration.test_dlq import Letter, put_dead_letters, queue_ids, settled
 
@@ -352,3 +353,18 @@ async def test_the_overview_says_not_measured_yet_where_no_pass_has_counted(
     passes.started_at -= monitor.STARTING_S  # as if that pass came STARTING_S after the start
     cells = consumer_cells(await (await api.get("/console/")).text())
     assert cells == dict.fromkeys(cells, '<td class="num bad">0</td>')
+
+
+async def test_the_payment_page_shows_its_parked_events(console: TestClient, db: Any) -> None:
+    event = parked_sql.ParkedEvent(
+        "evt_early", "xhub", "pay_early", "payment.status_changed", "k", b"{}", {}
+    )
+    await parked_sql.park(db, event)
+    await sign_in(console, "ann-token")
+
+    page = await (await console.get("/console/payments/pay_early")).text()
+
+    parked = page.split('id="parked"')[1].split("</section>")[0]
+    assert "evt_early" in parked
+    assert '<td class="state">parked</td>' in parked
+    assert "its events are parked until the shop registers it" in page

@@ -80,6 +80,7 @@ PAGE_DATA = [
     "#order",
     "#events",
     "#transitions",
+    "#parked",
     "#dead-letters",
 ]
 

@@ -81,11 +81,15 @@ CONTRACT: dict[str, dict[str, Metric]] = {
         "payhooks_inbox_unpublished": Metric("gauge"),
         "payhooks_orders_undecided": Metric("gauge"),
         "payhooks_orders_undecided_oldest_seconds": Metric("gauge"),
+        "payhooks_parked_events": Metric("gauge"),
+        "payhooks_parked_events_oldest_seconds": Metric("gauge"),
     },
     "orders": {
         **_WORKER_METRICS,
         "payhooks_orders_undecided_events_total": Metric("counter", ("reason",)),
         "payhooks_refund_failures_total": Metric("counter", ("event",)),
+        "payhooks_parked_events_released_total": Metric("counter"),
+        "payhooks_parked_events_dead_lettered_total": Metric("counter"),
     },
     "bonuses": {
         **_WORKER_METRICS,
@@ -129,7 +133,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
         )
     ),
     ("payhooks_messages_processed_total", "outcome"): frozenset(
-        ("ok", "skipped_duplicate", "retried", "dead_lettered")
+        ("ok", "skipped_duplicate", "retried", "dead_lettered", "parked")
     ),
     ("payhooks_messages_processed_total", "worker"): frozenset(("orders", "bonuses", "email")),
     ("payhooks_processing_duration_seconds", "worker"): frozenset(("orders", "bonuses", "email")),

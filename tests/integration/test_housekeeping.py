@@ -37,13 +37,21 @@ async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
         " ('old_sent', 'order.paid', '{}', now() - interval '40 days', now()),"
         " ('old_unsent', 'order.paid', '{}', now() - interval '40 days', NULL)"
     )
+    await db.execute(
+        "INSERT INTO parked_events (event_id, payment_id, event_type, routing_key, body,"
+        " parked_at, released_at, published_at, dead_lettered_at) VALUES"
+        " ('old_released', 'p1', 'e', 'e', '', now() - interval '40 days', now(), now(), NULL),"
+        " ('old_dead', 'p2', 'e', 'e', '', now() - interval '40 days', NULL, NULL, now()),"
+        " ('old_waiting', 'p3', 'e', 'e', '', now() - interval '40 days', NULL, NULL, NULL),"
+        " ('old_unsent', 'p4', 'e', 'e', '', now() - interval '40 days', now(), NULL, NULL)"
+    )
     pool = await create_pool(settings.database_url)
     try:
         deleted = await housekeeping_once(pool, retention_days=35)
     finally:
         await pool.close()
 
-    assert deleted == {"inbox": 1, "outbox": 1, "processed_events": 1}
+    assert deleted == {"inbox": 1, "outbox": 1, "processed_events": 1, "parked_events": 2}
     assert sorted(r["event_id"] for r in await db.fetch("SELECT event_id FROM inbox")) == [
         "old_unpublished",
         "recent",
@@ -54,3 +62,6 @@ async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
     assert [r["message_id"] for r in await db.fetch("SELECT message_id FROM outbox")] == [
         "old_unsent"
     ]
+    # Still waiting for its order, or released and owed a publish: kept.
+    parked = await db.fetch("SELECT event_id FROM parked_events ORDER BY event_id")
+    assert [r["event_id"] for r in parked] == ["old_unsent", "old_waiting"]

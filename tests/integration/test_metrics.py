@@ -20,6 +20,7 @@ from shared.broker import BROKER
 from shared.config import Settings
 from shared.outgoing import to_message
 from shared.queries import outbox as outbox_sql
+from shared.queries import parked as parked_sql
 from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import delivery, eventually, payment_event, signed_headers
@@ -172,8 +173,8 @@ async def wait_until_done(
     db: Any, system: System, *, orders: int, transitions: int
 ) -> dict[str, int]:
     """Wait until the orders worker finished `orders` deliveries and the bonuses and email
-    workers `transitions` each (an unknown payment's event is never recorded as processed, so
-    tests.integration.system.quiescent does not apply)."""
+    workers `transitions` each (an unknown payment's event is parked, never recorded as
+    processed, so tests.integration.system.quiescent does not apply)."""
 
     def done(p: dict[str, int]) -> bool:
         return (
@@ -255,14 +256,17 @@ async def test_counters_move_by_exactly_what_the_test_caused(
                 worker=worker,
                 outcome=outcome,
             )
-            for outcome in ("ok", "skipped_duplicate", "retried", "dead_lettered")
+            for outcome in ("ok", "skipped_duplicate", "retried", "dead_lettered", "parked")
         }
         for worker in ("orders", "bonuses", "email")
     }
+    # The unknown payment's event is parked, not retried (its park running out later is the
+    # parked relay's, not a delivery's outcome).
+    nothing_parked = {"retried": 0, "dead_lettered": 0, "parked": 0}
     assert worker_outcomes == {
-        "orders": {"ok": 4, "skipped_duplicate": 1, "retried": 2, "dead_lettered": 1},
-        "bonuses": {"ok": 4, "skipped_duplicate": 0, "retried": 0, "dead_lettered": 0},
-        "email": {"ok": 4, "skipped_duplicate": 0, "retried": 0, "dead_lettered": 0},
+        "orders": {"ok": 4, "skipped_duplicate": 1, "retried": 0, "dead_lettered": 0, "parked": 1},
+        "bonuses": {"ok": 4, "skipped_duplicate": 0, **nothing_parked},
+        "email": {"ok": 4, "skipped_duplicate": 0, **nothing_parked},
     }
     assert (
         moved(
@@ -271,7 +275,7 @@ async def test_counters_move_by_exactly_what_the_test_caused(
             "payhooks_processing_duration_seconds_count",
             worker="orders",
         )
-        == 8
+        == 6
     )
     assert moved(before["bonuses"], after["bonuses"], "payhooks_bonus_points_granted_total") == 1500
     assert {
@@ -304,12 +308,18 @@ async def test_api_gauges_show_queue_depths_dlq_age_and_backlogs(
             mandatory=True,
         )
     await outbox_sql.add_many_to_outbox(db, [(new_id("evt") + ":order.paid", "order.paid", b"{}")])
+    for _ in range(2):  # events waiting for their orders (no orders worker runs to time them out)
+        await parked_sql.park(
+            db,
+            parked_sql.ParkedEvent(new_id("evt"), "xhub", new_id("pay"), "e", "e", b"{}", {}),
+        )
 
     def reflects(samples: Samples) -> bool:
         return (
             value(samples, "payhooks_queue_messages", queue="orders.dlq") == 2
             and value(samples, "payhooks_queue_messages", queue="bonuses") == 3
             and value(samples, "payhooks_outbox_backlog") == 1
+            and value(samples, "payhooks_parked_events") == 2
         )
 
     samples = await eventually(lambda: _samples(api), reflects)
@@ -333,6 +343,7 @@ async def test_api_gauges_show_queue_depths_dlq_age_and_backlogs(
     assert 3600 <= ages["emails.dlq"] < 3660
     assert ages["bonuses.dlq"] == 0
     assert value(samples, "payhooks_inbox_unpublished") == 0
+    assert 0 < value(samples, "payhooks_parked_events_oldest_seconds") < 60
     # The monitor reads the DLQs over and over: they must still hold every message (the
     # monitor may hold them for a moment while it reads them).
     dlqs = {work["orders"].dlq: 2, work["emails"].dlq: 1}

@@ -433,9 +433,11 @@ async def test_permanent_error_dead_letters_at_once_as_invalid_message(
 # --- unknown payment, DLQ, requeue ---------------------------------------------------------
 
 
-async def test_event_for_unknown_payment_dead_letters_then_requeue_after_registering_processes_once(
+async def test_event_parked_past_its_park_dead_letters_then_requeued_after_registering_applies_once(
     system: System, db: Any, smtp: tuple[SmtpSink, int], amqp: Any, topology: Topology
 ) -> None:
+    """No order: parked (UNKNOWN_PAYMENT_PARK_SECONDS is 1 s in the tests), then dead-lettered
+    with reason unknown_payment; registered and requeued, it takes effect once."""
     payment_id, event_id = new_id("pay"), new_id("evt")
     payload = payment_event(payment_id, "paid")
     work = topology.work["orders"]
@@ -455,10 +457,10 @@ async def test_event_for_unknown_payment_dead_letters_then_requeue_after_registe
 
     assert dead.body == orjson.dumps(payload)
     assert header(dead, "reason") == "unknown_payment"
-    assert int(header(dead, "attempts")) == 3
+    assert int(header(dead, "attempts")) == 1  # parked, never on the retry ladder
     assert header(dead, "original_queue") == work.name
     done = await quiescent(db, system, extra_orders_deliveries=1)
-    assert done["orders_finished"] == 2  # dead-lettered once, then processed once
+    assert done["orders_finished"] == 2  # parked once, then processed once
     await assert_paid_once(db, smtp[0], payment_id, "PAID")
     processed = await db.fetchval(
         "SELECT count(*) FROM processed_events WHERE worker = 'orders' AND event_id = $1", event_id

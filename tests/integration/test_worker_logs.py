@@ -40,7 +40,7 @@ async def test_a_failed_messages_log_lines_carry_its_payment_id(
 ) -> None:
     await declare(amqp, topology)
     queue = topology.work["orders"].name
-    unknown = f"pay_unknown_{uuid.uuid4().hex[:8]}"  # no order: retried, then dead-lettered
+    unknown = f"pay_unknown_{uuid.uuid4().hex[:8]}"  # no order: parked
     invalid = f"pay_{uuid.uuid4().hex[:12]}"  # no status: dead-lettered at once
 
     with capture_logs(processors=MERGED) as logs:
@@ -56,12 +56,12 @@ async def test_a_failed_messages_log_lines_carry_its_payment_id(
             await eventually(
                 captured,
                 lambda got: (
-                    "evt_unknown" in lines(got, "message.retried")
+                    "evt_unknown" in lines(got, "order.parked")
                     and {"evt_invalid", "evt_broken"} <= set(lines(got, "message.dead_lettered"))
                 ),
             )
 
-    assert lines(logs, "message.retried")["evt_unknown"]["payment_id"] == unknown
+    assert lines(logs, "order.parked")["evt_unknown"]["payment_id"] == unknown
     dead = lines(logs, "message.dead_lettered")
     assert dead["evt_invalid"]["payment_id"] == invalid
     assert dead["evt_invalid"]["worker"] == "orders"
@@ -136,6 +136,7 @@ async def test_a_database_conflict_is_retried_with_one_line_and_a_bug_with_its_t
     assert retried["evt_deadlock"]["log_level"] == "info"
     assert retried["evt_deadlock"]["error"] == "DeadlockDetectedError: deadlock detected"
     assert retried["evt_deadlock"]["exc_info"] is False
+    assert retried["evt_deadlock"]["payment_id"] == "pay_x"  # read from the failed body
     assert retried["evt_bug"]["log_level"] == "error"
     assert retried["evt_bug"]["error"] == "RuntimeError: bug"
     assert isinstance(retried["evt_bug"]["exc_info"], RuntimeError)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from services.cli.commands import _where_events_wait
 
 
-def test_events_not_dead_yet_are_said_to_be_retried_not_to_wait_in_the_dlq() -> None:
+def test_events_not_dead_yet_are_said_to_be_parked_not_to_wait_in_the_dlq() -> None:
     said = _where_events_wait({"dead_letters": []})
-    assert "retried" in said
+    assert "parked" in said
     assert "wait in orders.dlq" not in said
 
 

@@ -67,6 +67,7 @@ def test_every_variable_is_read_from_the_given_environment() -> None:
             "RECONCILE_INTERVAL": "1.5",
             "RECONCILE_AFTER": "30",
             "RECONCILE_HORIZON": "86400",
+            "UNKNOWN_PAYMENT_PARK_SECONDS": "120",
             "XHUB_API_RATE": "50",
             "ADMIN_TOKEN": "admin",
             "INGEST_PORT": "1",
@@ -92,6 +93,7 @@ def test_every_variable_is_read_from_the_given_environment() -> None:
     assert settings.retry_delays_s == (2.0, 4.0)
     assert (settings.reconcile_interval_s, settings.reconcile_after_s) == (1.5, 30.0)
     assert settings.reconcile_horizon_s == 86_400.0
+    assert settings.unknown_payment_park_s == 120.0
     assert settings.xhub_api_rate == 50.0
     assert settings.admin_token == "admin"
     assert settings.ingest_processes == 4

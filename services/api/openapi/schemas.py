@@ -142,6 +142,23 @@ SCHEMAS: dict[str, Schema] = {
                     }
                 )
             ),
+            "parked": list_of(
+                object_of(
+                    {
+                        "event_id": STR,
+                        "event": STR,
+                        "state": {
+                            "enum": ["parked", "released", "dead_lettered"],
+                            "description": "waiting for the order; released by its"
+                            " registration; dead-lettered (unknown_payment) when"
+                            " UNKNOWN_PAYMENT_PARK_SECONDS ran out",
+                        },
+                        "parked_at": TIME,
+                        "released_at": nullable(TIME),
+                        "dead_lettered_at": nullable(TIME),
+                    }
+                )
+            ),
             "dead_letters": list_of(ref("DeadLetter")),
             "dead_letters_unavailable": {
                 "type": "string",
