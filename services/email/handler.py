@@ -17,9 +17,10 @@ from services.email.template_files import EmailTemplate
 from services.email.templates import TEMPLATE_FOR_EVENT, OutgoingEmail, message_id, render
 from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch, keys_of
 from shared.db import TRANSIENT_DB_ERRORS, Executor
-from shared.errors import UnknownPaymentError
+from shared.errors import Dependency, UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
+from shared.outages import outage_of
 from shared.queries import emails as emails_sql
 from shared.queries import orders as orders_sql
 from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
@@ -134,9 +135,11 @@ class _Batch:
 
     async def failed(self, error: Exception, deliveries: int) -> list[Result]:
         """The batch failed after `write` may have sent: the emails the SMTP server has are
-        recorded anew (the failed commit took their records along); nothing else counts."""
-        if not isinstance(error, TRANSIENT_DB_ERRORS):
-            raise error  # not the database's: the worker hands the whole batch back
+        recorded anew (the failed commit took their records along), whatever failed it (a
+        connection the server terminated under the commit surfaces as asyncpg's
+        InternalClientError, not only as a connection error). Then a database outage fails
+        the unsent messages alone; anything else hands the whole batch back, whose sent
+        emails are found recorded."""
         results: list[Result] = [error] * deliveries
         if self.delivered:
             log.warning(
@@ -149,6 +152,8 @@ class _Batch:
                 results[email.index] = again
             else:
                 results[email.index] = "ok"
+        if not _database_down(error):
+            raise error  # not the database's: the worker hands the whole batch back
         return results
 
     def report(
@@ -241,8 +246,14 @@ async def _record_after_send(pool: asyncpg.Pool[Any], claim: emails_sql.EmailCla
             async with asyncio.timeout(_RECORD_ATTEMPT_S), pool.acquire() as conn:
                 await emails_sql.claim_email(conn, claim._replace(skip_if_recorded=None))
             return
-        except TRANSIENT_DB_ERRORS:
-            if loop.time() >= deadline:
+        except Exception as e:
+            if not _database_down(e) or loop.time() >= deadline:
                 raise
         await asyncio.sleep(_RECORD_BACKOFF_S[min(attempt, len(_RECORD_BACKOFF_S) - 1)])
         attempt += 1
+
+
+def _database_down(error: BaseException) -> bool:
+    """PostgreSQL unreachable, overloaded or terminating connections (SPEC section 5's
+    outage), as opposed to a statement it refused."""
+    return isinstance(error, TRANSIENT_DB_ERRORS) or outage_of(error) is Dependency.POSTGRESQL
