@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import aio_pika
 import asyncpg
 
+from shared.amqp.topology import Topology, build_topology, delete
 from shared.config import Settings
-from shared.topology import Topology, build_topology, delete
 from tests import run_vhost
 
 # A bench declares one topology at a time (22 queues with the default RETRY_DELAYS, a few more

@@ -44,8 +44,8 @@ from bench.processes import migrate, service_env
 from bench.raw_http import OneShotSender
 from services.sim.burst import BUDGET_S, LARGEST_BACKLOG, BurstFigures, figures
 from services.sim.deliverer import TIMEOUT_S, Deliverer, DeliveryRecord, SimWebhook
-from shared.file_limit import raise_to_hard_limit
-from shared.topology import Topology, delete
+from shared.amqp.topology import Topology, delete
+from shared.process.file_limit import raise_to_hard_limit
 from shared.xhub.events import status_changed
 
 DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/payhooks_burst"

@@ -48,8 +48,8 @@ from bench.payments import make_deliveries, make_payments
 from bench.processes import free_port, spawn, terminate
 from bench.stamped_load import Clients, warm_up
 from services.ingest.accept import AcceptorConfig
-from shared.publish_together import publish_together
-from shared.topology import build_topology, declare, delete
+from shared.amqp.publish_together import publish_together
+from shared.amqp.topology import build_topology, declare, delete
 from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 from shared.xhub.signatures import sign
 

@@ -22,11 +22,11 @@ from services.ingest.accept import Acceptor, Outcome, outgoing
 from services.ingest.app import SERVICE, endpoint_app
 from services.ingest.endpoint import ACCEPTOR
 from services.ingest.webhook import Webhook
-from shared import service
-from shared.broker import BROKER, Broker
+from shared.amqp.broker import BROKER, Broker
 from shared.config import Settings
 from shared.db import DB_POOL, TRANSIENT_DB_ERRORS
 from shared.errors import UnavailableError
+from shared.process import service
 from shared.queries import inbox as inbox_sql
 from shared.queries.inbox import InboxEntry
 from shared.xhub import PROVIDER

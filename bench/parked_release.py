@@ -40,8 +40,8 @@ from bench.backing import delete_topology, own_vhost, topology_of
 from bench.processes import migrate, ports_for, service_env
 from bench.services import Service, stop_all, wait_ready
 from services.ingest.accept import outgoing
+from shared.amqp.outgoing import to_message
 from shared.db import create_pool
-from shared.outgoing import to_message
 from shared.queries import orders as orders_sql
 
 DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/payhooks_bench_parked"

@@ -15,7 +15,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from shared.errors import Dependency, TransientError
 from shared.migrate import load_migrations
-from shared.web import READINESS_CHECKS, SERVING
+from shared.process.web import READINESS_CHECKS, SERVING
 
 # Every statement on the request path must finish well inside the provider's 10 s budget.
 CONNECT_TIMEOUT_S = 3.0

@@ -1,5 +1,6 @@
 """The error hierarchy the edges map: transient means retry later, permanent means never; a
-transient error may name the dependency that is down (an outage, not the message's fault)."""
+transient error may name the dependency that is down (an outage, not the message's fault).
+The exit codes of the terminal commands close the file."""
 
 from __future__ import annotations
 
@@ -53,3 +54,14 @@ class BrokerUnavailableError(UnavailableError):
     """RabbitMQ is not connected, its channel closed under a publish, or it blocks publishers."""
 
     dependency = Dependency.RABBITMQ
+
+
+# What a terminal command (`payhooks ...`, the simulator) exits with: the errors above
+# as a shell sees them, the way the api answers them with a status.
+EXIT_OK = 0
+EXIT_NOTHING = 1  # nothing matched
+EXIT_USAGE = 2  # usage or configuration
+EXIT_UNREACHABLE = 3  # PostgreSQL, RabbitMQ (or, for send, ingest) unreachable
+EXIT_CONFLICT = 4  # a conflicting order
+EXIT_BUSY = 5  # the DLQ is held by another reader: try again later, nothing is broken
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as shells say

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
+from shared.amqp.topology import message_id
 from shared.errors import PermanentError
-from shared.topology import message_id
 from shared.vocabulary import CHECKED_AT, RECONCILIATION, SOURCE
 
 # The `order.*` messages are a contract shops may consume (docs/operations.md, "Integrating

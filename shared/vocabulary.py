@@ -1,5 +1,6 @@
-"""Words several modules must spell alike: order statuses, the headers we put on messages,
-queue name suffixes, email template names."""
+"""Words several modules must spell alike: order statuses, the headers we put on messages
+(and int_header, which reads a number back from one), queue name suffixes, email template
+names."""
 
 from __future__ import annotations
 
@@ -34,6 +35,21 @@ REQUEUED: Final = "requeued"
 SOURCE: Final = "source"
 RECONCILIATION: Final = "reconciliation"
 CHECKED_AT: Final = "checked_at"
+
+
+def int_header(value: object) -> int | None:
+    """A header that should hold a whole number (AMQP may carry it as text); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str | bytes):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
 
 # `<queue>.dlq` holds a work queue's dead letters; `<dlq>.lock` is held by whoever reads it.
 DLQ_SUFFIX: Final = ".dlq"

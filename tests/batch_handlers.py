@@ -1,5 +1,5 @@
 """Batch handlers as tests drive them: a step handler in one transaction, and a batch handler
-called with one delivery at a time (the services use shared/batches.py's apply_set_batch)."""
+called with one delivery at a time (the services use shared/worker/batches.py's apply_set_batch)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from typing import Any
 
 import asyncpg
 
-from shared.batches import BatchHandler, Delivery, Result, StepHandler, apply_batch, committed
+from shared.worker.batches import (
+    BatchHandler,
+    Delivery,
+    Result,
+    StepHandler,
+    apply_batch,
+    committed,
+)
 
 # One message handled on its own, in its own transaction.
 Handler = Callable[[Delivery], Awaitable[str]]

@@ -21,10 +21,10 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from bench.processes import free_port
+from shared.amqp.topology import Topology, build_topology, declare, delete
 from shared.config import Settings
 from shared.db import init_connection
 from shared.migrate import migrate
-from shared.topology import Topology, build_topology, declare, delete
 from tests import dlx_guard, run_vhost
 
 TEST_DATABASE_URL = os.environ.get(

@@ -1,4 +1,4 @@
 from services.api.app import SERVICE
-from shared.service import serve
+from shared.process.service import serve
 
 serve(SERVICE)

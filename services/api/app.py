@@ -23,15 +23,15 @@ from services.api.console import PREFIX as CONSOLE
 from services.api.console import console_app
 from services.api.dlq_access import DLQ_ACCESS, DlqAccess
 from services.api.responses import json_response, problem
-from shared.broker import BROKER, broker_ctx
+from shared.amqp.broker import BROKER, broker_ctx
+from shared.amqp.topology import build_topology
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import QueueMetrics, new_registry
-from shared.order_input import text_problem
-from shared.service import Service
-from shared.tasks import background
-from shared.topology import build_topology
-from shared.web import base_app
+from shared.ops.order_input import text_problem
+from shared.process.service import Service
+from shared.process.tasks import background
+from shared.process.web import base_app
 
 # The OpenAPI document is a contract and holds no data: clients and tools read it without the
 # token, like the probes and the scrape.

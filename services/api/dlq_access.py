@@ -13,13 +13,13 @@ import aiormq
 from aio_pika.abc import AbstractChannel
 from aiohttp import web
 
-from shared.broker import Broker
+from shared.amqp.broker import Broker
 from shared.errors import UnavailableError
 
 _OPEN_TIMEOUT_S = 5.0
 # A close whose answer never comes is given up on: after an operation cancelled mid-RPC
 # (the monitor's, at shutdown) aiormq can wait for one, seen in a task dump of a hung test
-# teardown beside the swallowed cancellation that shared/tasks.keep_running now handles.
+# teardown beside the swallowed cancellation that shared/process/tasks.keep_running now handles.
 _CLOSE_TIMEOUT_S = 2.0
 
 # Errors that mean "RabbitMQ is not there" rather than "this operation is wrong".

@@ -14,11 +14,11 @@ from aiohttp import web
 from services.api.auth import actor
 from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
-from shared import dlq, unrouted
 from shared.db import DB_POOL
-from shared.dlq_moves import FILTERS, Selection, UnroutableError
-from shared.http_limits import read_body
-from shared.operator_actions import Edge, Operator, requeue_recorded
+from shared.ops import dlq, unrouted
+from shared.ops.dlq_moves import FILTERS, Selection, UnroutableError
+from shared.ops.operator_actions import Edge, Operator, requeue_recorded
+from shared.process.http_limits import read_body
 
 MAX_PAGE = 1000
 # Far beyond any DLQ (a look reads at most 65,535 messages); unbounded, a huge offset went

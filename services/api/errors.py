@@ -11,11 +11,11 @@ import structlog
 from aiohttp import web
 
 from services.api.responses import problem
-from shared import dlq_lock
 from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import Dependency, UnavailableError
-from shared.http_limits import SlowBodyError
+from shared.ops import dlq_lock
 from shared.outages import outage_of
+from shared.process.http_limits import SlowBodyError
 
 log = structlog.get_logger(__name__)
 

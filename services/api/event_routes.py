@@ -1,4 +1,4 @@
-"""Event routes: the inbox's webhooks, filtered and paged (shared/inbox_view.py), and one in
+"""Event routes: the inbox's webhooks, filtered and paged (shared/ops/inbox_view.py), and one in
 full; what `payhooks event list` and `event show` print."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from aiohttp import web
 
 from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
-from shared import inbox_view
 from shared.db import DB_POOL
-from shared.dlq import DeadLetter
-from shared.inbox_view import BadQueryError, EventQuery
+from shared.ops import inbox_view
+from shared.ops.dlq import DeadLetter
+from shared.ops.inbox_view import BadQueryError, EventQuery
 
 FILTERS = ("payment_id", "event", "outcome", "since", "until", "cursor", "limit")
 

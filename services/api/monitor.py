@@ -12,13 +12,13 @@ import structlog
 from aiohttp import web
 
 from services.api.dlq_access import DlqAccess
-from shared import dlq
 from shared.metrics import QueueMetrics
+from shared.ops import dlq
+from shared.process.tasks import keep_running
 from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
 from shared.queries import parked as parked_sql
-from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
 

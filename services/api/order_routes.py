@@ -9,15 +9,15 @@ from services.api.auth import actor
 from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
 from shared.db import DB_POOL
-from shared.http_limits import read_body
-from shared.operator_actions import (
+from shared.ops.operator_actions import (
     Edge,
     Operator,
     dead_letters_or_reason,
     register_order_recorded,
 )
-from shared.order_input import OrderValidationError, order_json, parse_new_order
-from shared.payment_view import payment_view, user_bonus
+from shared.ops.order_input import OrderValidationError, order_json, parse_new_order
+from shared.ops.payment_view import payment_view, user_bonus
+from shared.process.http_limits import read_body
 from shared.queries import orders as orders_sql
 
 

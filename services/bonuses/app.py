@@ -8,9 +8,9 @@ from services.bonuses.handler import WORKER, make_handler
 from shared.config import Settings
 from shared.db import DB_POOL
 from shared.metrics import BonusMetrics, WorkerMetrics
-from shared.service import Service
-from shared.worker import BATCH_SIZE, BATCHERS
-from shared.worker_app import worker_app
+from shared.process.service import Service
+from shared.worker.app import worker_app
+from shared.worker.runtime import BATCH_SIZE, BATCHERS
 
 
 def create_app(

@@ -10,7 +10,6 @@ from typing import Any
 import asyncpg
 import structlog
 
-from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch, keys_of
 from shared.bonus_rules import SIGN, EntryKind, Transition, entries_for
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import UnknownPaymentError
@@ -18,6 +17,7 @@ from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics
 from shared.queries import ledger as ledger_sql
 from shared.queries import orders as orders_sql
+from shared.worker.batches import BatchHandler, Delivery, Result, Step, apply_set_batch, keys_of
 
 log = structlog.get_logger(__name__)
 

@@ -9,8 +9,9 @@ from collections.abc import Callable
 import orjson
 
 from shared.config import Settings
-from shared.connections import database
-from shared.console import EXIT_NOTHING, EXIT_OK, table
+from shared.errors import EXIT_NOTHING, EXIT_OK
+from shared.ops.connections import database
+from shared.ops.console import table
 from shared.queries import audit
 
 COLUMNS = ["at", "actor", "source", "action", "target", "count"]

@@ -12,12 +12,14 @@ from typing import Any
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from shared import dlq, unrouted
+from shared.amqp.topology import build_topology
 from shared.config import Settings
-from shared.connections import broker, database
-from shared.console import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE, Progress, table
-from shared.dlq_moves import FILTERS, Selection
-from shared.operator_actions import (
+from shared.errors import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE
+from shared.ops import dlq, unrouted
+from shared.ops.connections import broker, database
+from shared.ops.console import Progress, table
+from shared.ops.dlq_moves import FILTERS, Selection
+from shared.ops.operator_actions import (
     Edge,
     Operator,
     Trail,
@@ -26,11 +28,10 @@ from shared.operator_actions import (
     register_order_recorded,
     requeue_recorded,
 )
-from shared.order_input import OrderValidationError, parse_new_order
-from shared.payment_view import payment_view
+from shared.ops.order_input import OrderValidationError, parse_new_order
+from shared.ops.payment_view import payment_view
 from shared.queries import audit
 from shared.queries import orders as orders_sql
-from shared.topology import build_topology
 
 
 def _print_json(data: Any) -> None:

@@ -1,5 +1,5 @@
 """`payhooks event list` and `event show`: the inbox's webhooks as `GET /api/events` gives
-them (shared/inbox_view.py), straight from PostgreSQL and RabbitMQ."""
+them (shared/ops/inbox_view.py), straight from PostgreSQL and RabbitMQ."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import sys
 
 import orjson
 
-from shared import inbox_view
 from shared.config import Settings
-from shared.connections import broker, database
-from shared.console import EXIT_NOTHING, EXIT_OK, EXIT_USAGE, table
-from shared.dlq import DeadLetter
-from shared.inbox_view import BadQueryError, EventQuery
+from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_USAGE
+from shared.ops import inbox_view
+from shared.ops.connections import broker, database
+from shared.ops.console import table
+from shared.ops.dlq import DeadLetter
+from shared.ops.inbox_view import BadQueryError, EventQuery
 
 COLUMNS = ["received_at", "event_id", "event", "payment_id", "duplicates", "outcome"]
 

@@ -19,15 +19,15 @@ from dotenv import load_dotenv
 from services.cli import audit, commands, events, migrations, run_all, send
 from services.cli.registry import SERVICES
 from services.sim import run as sim_run
-from shared import dlq, dlq_lock
 from shared.config import ConfigError, Settings
-from shared.connections import UnreachableError
-from shared.console import EXIT_BROKEN_PIPE, EXIT_BUSY, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from shared.dlq import QUEUES
-from shared.dlq_moves import UnroutableError
-from shared.logs import configure_logging
+from shared.errors import EXIT_BROKEN_PIPE, EXIT_BUSY, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from shared.migrate import MigrationChangedError, migrate
-from shared.service import serve
+from shared.ops import dlq, dlq_lock
+from shared.ops.connections import UnreachableError
+from shared.ops.dlq import QUEUES
+from shared.ops.dlq_moves import UnroutableError
+from shared.process.logs import configure_logging
+from shared.process.service import serve
 
 T = TypeVar("T")
 

@@ -10,7 +10,8 @@ import orjson
 
 from shared import migrate
 from shared.config import Settings
-from shared.console import EXIT_OK, EXIT_USAGE, table
+from shared.errors import EXIT_OK, EXIT_USAGE
+from shared.ops.console import table
 
 _NOTES = {
     migrate.CHANGED: "changed after it was applied: `payhooks migrate` refuses to run until the"

@@ -8,7 +8,7 @@ from services.email.app import SERVICE as EMAIL
 from services.ingest.app import SERVICE as INGEST
 from services.orders.app import SERVICE as ORDERS
 from services.reconciler.app import SERVICE as RECONCILER
-from shared.service import Service
+from shared.process.service import Service
 
 SERVICES: dict[str, Service] = {
     s.name: s for s in (INGEST, ORDERS, BONUSES, EMAIL, API, RECONCILER)

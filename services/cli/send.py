@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 
 from shared.config import Settings
-from shared.console import EXIT_NOTHING, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from shared.xhub import STATUS_CHANGED, WEBHOOK_PATH
 from shared.xhub.events import status_changed
 from shared.xhub.signatures import signed_headers

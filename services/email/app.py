@@ -14,8 +14,8 @@ from shared.config import Settings
 from shared.db import DB_POOL
 from shared.errors import Dependency
 from shared.metrics import EmailMetrics, WorkerMetrics
-from shared.service import Service
-from shared.worker_app import PROBES, worker_app
+from shared.process.service import Service
+from shared.worker.app import PROBES, worker_app
 
 log = structlog.get_logger(__name__)
 

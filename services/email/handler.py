@@ -15,7 +15,6 @@ import structlog
 from services.email.sender import Sender
 from services.email.template_files import EmailTemplate
 from services.email.templates import TEMPLATE_FOR_EVENT, OutgoingEmail, message_id, render
-from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch, keys_of
 from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import Dependency, UnknownPaymentError
 from shared.messages import OrderTransition
@@ -24,6 +23,7 @@ from shared.outages import outage_of
 from shared.queries import emails as emails_sql
 from shared.queries import orders as orders_sql
 from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
+from shared.worker.batches import BatchHandler, Delivery, Result, Step, apply_set_batch, keys_of
 
 log = structlog.get_logger(__name__)
 

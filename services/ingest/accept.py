@@ -19,16 +19,16 @@ import structlog
 
 from services.ingest.admission import AdmissionConfig, DrainRate
 from services.ingest.webhook import Webhook
-from shared.alarms import BlockedError
-from shared.broker import Broker
+from shared.amqp.alarms import BlockedError
+from shared.amqp.broker import Broker
+from shared.amqp.outgoing import Outgoing
+from shared.amqp.publish_together import publish_error
+from shared.amqp.topology import routing_key
 from shared.db import retry_deadlock
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
-from shared.outgoing import Outgoing
-from shared.publish_together import publish_error
+from shared.process.tasks import cancel_and_wait
 from shared.queries import inbox as inbox_sql
-from shared.tasks import cancel_and_wait
-from shared.topology import routing_key
 from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)

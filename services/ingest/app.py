@@ -12,16 +12,16 @@ from aiohttp import web
 from services.ingest.accept import Acceptor, AcceptorConfig
 from services.ingest.endpoint import ACCEPTOR, METRICS, SETTINGS, receive_webhook
 from services.ingest.sweeper import SWEEP_AFTER_S, Sweeper
-from shared.broker import BROKER, broker_ctx
+from shared.amqp.broker import BROKER, broker_ctx
+from shared.amqp.topology import build_topology
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
-from shared.file_limit import open_files_allowed
-from shared.http_limits import HTTP_LIMITS
 from shared.metrics import IngestMetrics
-from shared.service import Service
-from shared.tasks import background
-from shared.topology import build_topology
-from shared.web import base_app
+from shared.process.file_limit import open_files_allowed
+from shared.process.http_limits import HTTP_LIMITS
+from shared.process.service import Service
+from shared.process.tasks import background
+from shared.process.web import base_app
 from shared.xhub import WEBHOOK_PATH
 
 log = structlog.get_logger(__name__)

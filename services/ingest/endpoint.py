@@ -22,11 +22,11 @@ from services.ingest.webhook import (
     read_headers,
     storable_headers,
 )
+from shared.amqp.topology import is_routed
 from shared.config import Settings
 from shared.errors import UnavailableError
-from shared.http_limits import SlowBodyError, read_body
 from shared.metrics import IngestMetrics
-from shared.topology import is_routed
+from shared.process.http_limits import SlowBodyError, read_body
 from shared.xhub import ID_HEADER, PROVIDER
 
 log = structlog.get_logger("services.ingest")

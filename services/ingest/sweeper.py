@@ -11,13 +11,13 @@ import asyncpg
 import structlog
 
 from services.ingest.accept import outgoing
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.outgoing import Outgoing
+from shared.amqp.relay import confirmed, drain, publish_unpublished
 from shared.db import Executor
 from shared.metrics import IngestMetrics
-from shared.outgoing import Outgoing
+from shared.process.tasks import keep_running
 from shared.queries import inbox as inbox_sql
-from shared.relay import confirmed, drain, publish_unpublished
-from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
 

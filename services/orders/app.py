@@ -10,17 +10,17 @@ from aiohttp import web
 from services.orders.handler import WORKER, make_handler
 from services.orders.outbox import OutboxRelay
 from services.orders.parked import ParkedRelay
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import build_topology
 from shared.config import Settings
 from shared.db import DB_POOL
 from shared.listen import listen_forever
 from shared.metrics import OrderMetrics, WorkerMetrics
+from shared.process.service import Service
+from shared.process.tasks import background
 from shared.queries.parked import RELEASED_CHANNEL
-from shared.service import Service
-from shared.tasks import background
-from shared.topology import build_topology
-from shared.worker import BATCH_SIZE, BATCHERS
-from shared.worker_app import worker_app
+from shared.worker.app import worker_app
+from shared.worker.runtime import BATCH_SIZE, BATCHERS
 
 RELAY = web.AppKey("outbox_relay", OutboxRelay)
 

@@ -1,7 +1,7 @@
 """Provider events: lock the orders, decide, write state + transitions + outbox, atomically;
 an event for a payment without an order is parked (shared/queries/parked.py).
 
-A batch of events is applied in one transaction (shared/batches.py), in payment id order,
+A batch of events is applied in one transaction (shared/worker/batches.py), in payment id order,
 with a constant number of statements, processed marks included."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import orjson
 import structlog
 
 from services.orders.outbox import OutboxRelay
-from shared.batches import BatchHandler, Delivery, Result, Step, apply_set_batch
 from shared.db import Executor
 from shared.messages import OrderTransition, checked_at_of
 from shared.metrics import OrderMetrics
@@ -24,6 +23,7 @@ from shared.order_machine import REFUND_FAILURES, UNDECIDED, OrderState, decide
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
 from shared.queries import parked as parked_sql
+from shared.worker.batches import BatchHandler, Delivery, Result, Step, apply_set_batch
 from shared.xhub.events import InvalidEventError, parse_event
 
 log = structlog.get_logger(__name__)

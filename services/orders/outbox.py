@@ -19,13 +19,13 @@ from typing import Any
 import asyncpg
 import structlog
 
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.outgoing import Outgoing
+from shared.amqp.relay import confirmed, drain, publish_unpublished
 from shared.db import Executor
 from shared.messages import ORDER_TRANSITION_SCHEMA
-from shared.outgoing import Outgoing
+from shared.process.tasks import keep_running
 from shared.queries import outbox as outbox_sql
-from shared.relay import confirmed, drain, publish_unpublished
-from shared.tasks import keep_running
 
 log = structlog.get_logger(__name__)
 

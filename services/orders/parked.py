@@ -1,7 +1,8 @@
 """The parked relay: publishes the events an order's registration released back to the orders
 queue (raw body, message id and headers as they came: the worker dedups on the id), and
 dead-letters the events still parked after UNKNOWN_PAYMENT_PARK_SECONDS to orders.dlq with
-reason unknown_payment, the headers the worker runtime would have written (shared/failures.py).
+reason unknown_payment, the headers the worker runtime would have written
+(shared/worker/failures.py).
 
 A registration commits the release and a NOTIFY (shared/queries/parked.py); every replica
 listens and wakes at once, and a sweep every `poll_interval_s` catches what a lost
@@ -22,14 +23,14 @@ import asyncpg
 import structlog
 from aio_pika.abc import DeliveryMode
 
-from shared import failures
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.topology import WorkQueue
 from shared.errors import UnknownPaymentError
 from shared.metrics import OrderMetrics
+from shared.process.tasks import keep_running
 from shared.queries import parked as parked_sql
-from shared.tasks import keep_running
-from shared.topology import WorkQueue
 from shared.vocabulary import FIRST_FAILED_AT
+from shared.worker import failures
 
 log = structlog.get_logger(__name__)
 

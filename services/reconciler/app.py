@@ -11,16 +11,16 @@ import structlog
 from aiohttp import web
 
 from services.reconciler.jobs import Reconciler
-from shared.broker import BROKER, broker_ctx
+from shared.amqp.broker import BROKER, broker_ctx
+from shared.amqp.topology import build_topology
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.listen import listen_forever
 from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
+from shared.process.service import Service
+from shared.process.tasks import background, keep_running
+from shared.process.web import base_app
 from shared.queries.orders import UNDECIDED_CHANNEL
-from shared.service import Service
-from shared.tasks import background, keep_running
-from shared.topology import build_topology
-from shared.web import base_app
 from shared.xhub.client import ProviderClient
 
 log = structlog.get_logger(__name__)

@@ -14,13 +14,13 @@ import orjson
 import structlog
 
 from services.reconciler import schedule
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.outgoing import Outgoing
 from shared.config import Settings
 from shared.errors import PermanentError, TransientError
 from shared.messages import reconciler_headers
 from shared.metrics import ReconcilerMetrics
 from shared.order_machine import OrderState, Reason, agrees, decide
-from shared.outgoing import Outgoing
 from shared.queries import orders as orders_sql
 from shared.queries import retention as retention_sql
 from shared.queries import schedule as schedule_sql

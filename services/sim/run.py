@@ -17,11 +17,12 @@ from services.sim import burst, scenario
 from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import TIMEOUT_S, Deliverer
 from services.sim.summary import Summary, actual_effects, mismatches, summarize
-from shared import dlq
 from shared.config import ConfigError, Settings
-from shared.connections import UnreachableError, broker
-from shared.console import EXIT_OK, EXIT_USAGE, table
 from shared.db import create_pool
+from shared.errors import EXIT_OK, EXIT_USAGE
+from shared.ops import dlq
+from shared.ops.connections import UnreachableError, broker
+from shared.ops.console import table
 from shared.queries import orders as orders_sql
 
 EXIT_FAILED = 1  # some delivery ended FAILED

@@ -161,7 +161,8 @@ async def lock_unpublished(db: Executor, older_than_s: float, limit: int) -> lis
 
 
 # A stored webhook as the views describe it: whether RabbitMQ confirmed it, and what the orders
-# worker decided about it (shared/inbox_view.py turns both into its outcome). {extra}: more columns.
+# worker decided about it (shared/ops/inbox_view.py turns both into its outcome). {extra}: more
+# columns.
 _DESCRIBED = (
     "SELECT i.id, i.event_id, i.event_type, i.payment_id, i.received_at, i.duplicates,"
     " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"

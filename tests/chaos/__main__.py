@@ -29,7 +29,7 @@ import aiohttp
 
 from services.sim.deliverer import DeliveryRecord
 from services.sim.summary import expect
-from shared.logs import configure_logging
+from shared.process.logs import configure_logging
 from tests.chaos import storm, verdict
 from tests.chaos.rounds import BY_NAME, FAULTS, Fault
 from tests.chaos.stack import ADMIN_TOKEN, RETRY_DELAYS, Stack

@@ -26,7 +26,7 @@ import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.sim.summary import expect
-from shared.logs import configure_logging
+from shared.process.logs import configure_logging
 from tests.chaos import storm, verdict
 from tests.chaos.stack import Stack
 from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL

@@ -26,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import ports_for
 from services.sim.api import PaymentBook, start_api
+from shared.amqp.topology import Topology, build_topology, delete
 from shared.config import Settings
 from shared.migrate import migrate
-from shared.topology import Topology, build_topology, delete
 from tests import dlx_guard
 from tests.processes import payhooks_command
 from tests.proxy import TcpProxy, via

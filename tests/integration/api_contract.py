@@ -12,7 +12,7 @@ from jsonschema import Draft202012Validator
 from services.api.app import create_app
 from services.api.openapi import DOCUMENT
 from services.api.responses import PROBLEM_JSON
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
 from shared.config import Settings
 from tests.helpers import eventually
 

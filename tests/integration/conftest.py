@@ -11,8 +11,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.api.app import create_app
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.integration.provider import FakeProvider
 from tests.integration.system import System, start_system, system_settings

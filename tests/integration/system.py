@@ -23,12 +23,12 @@ from services.bonuses.app import create_app as bonuses_app
 from services.email.app import create_app as email_app
 from services.ingest.app import create_app as ingest_app
 from services.orders.app import create_app as orders_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import Topology
 from shared.config import Settings
+from shared.process.web import REGISTRY
 from shared.queries import orders as orders_sql
-from shared.topology import Topology
 from shared.vocabulary import ATTEMPTS, FIRST_FAILED_AT, LAST_ERROR, LAST_FAILED_AT, ORIGINAL_QUEUE
-from shared.web import REGISTRY
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import delivery, eventually
 

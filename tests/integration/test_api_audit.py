@@ -12,8 +12,8 @@ from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
 
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
 from tests.integration.api_contract import documented, running_api
 from tests.integration.test_cli_operators import cli_env, run_payhooks
 from tests.integration.test_dlq import Letter, new_id, put_dead_letters, queue_ids

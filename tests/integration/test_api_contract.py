@@ -17,8 +17,8 @@ from services.api.app import create_app
 from services.api.console import PREFIX as CONSOLE
 from services.api.openapi import DOCUMENT, PATH
 from services.api.responses import PROBLEMS
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
 from tests.integration.api_contract import (
     AUTH,
     check_problem,

@@ -12,9 +12,9 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
-from shared import inbox_view
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
+from shared.ops import inbox_view
 from tests.integration.api_contract import AUTH, documented, running_api
 from tests.integration.inbox_events import store_events
 from tests.integration.test_dlq import Letter, put_dead_letters

@@ -16,12 +16,12 @@ from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
 from services.api.app import create_app
-from shared import dlq_lock
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import Topology, WorkQueue
 from shared.config import Settings
-from shared.topology import Topology, WorkQueue
+from shared.ops import dlq_lock
+from shared.process.web import REGISTRY
 from shared.vocabulary import ORIGINAL_QUEUE
-from shared.web import REGISTRY
 from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from services.api.openapi import DOCUMENT
-from shared import dlq
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
+from shared.ops import dlq
 from tests.integration.api_contract import AUTH, check_problem, documented, running_api
 from tests.integration.inbox_events import store_events
 from tests.integration.test_dlq import Letter, put_dead_letters

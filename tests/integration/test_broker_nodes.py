@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from shared.broker import NODE_LOST_AFTER_S, Broker
-from shared.topology import Topology
+from shared.amqp.broker import NODE_LOST_AFTER_S, Broker
+from shared.amqp.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

@@ -23,12 +23,12 @@ import aio_pika
 import orjson
 import pytest
 
-from shared import broker as broker_module
-from shared import consumer as consumer_module
-from shared.batches import Delivery, Result
-from shared.broker import BROKER
+from shared.amqp import broker as broker_module
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import Topology, declare
 from shared.config import Settings
-from shared.topology import Topology, declare
+from shared.worker import consumer as consumer_module
+from shared.worker.batches import Delivery, Result
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

@@ -8,8 +8,8 @@ import asyncio
 import random
 from typing import Any
 
-from shared.broker import Broker
-from shared.topology import Topology
+from shared.amqp.broker import Broker
+from shared.amqp.topology import Topology
 from tests.conftest import TEST_AMQP_URL
 
 # Each close must end well inside this; before the fix about one in forty hung for ever.

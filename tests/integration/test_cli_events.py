@@ -11,8 +11,8 @@ from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
 from services.api.app import create_app
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
 from tests.integration.api_contract import AUTH
 from tests.integration.inbox_events import store_events
 from tests.integration.test_cli_operators import Run, cli_env, closed_port, run_payhooks

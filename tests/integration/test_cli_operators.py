@@ -26,9 +26,9 @@ import pytest
 from aio_pika.abc import AbstractChannel, DeliveryMode
 
 from services.cli import main as cli
-from shared import dlq_lock
+from shared.amqp.topology import Topology, WorkQueue
 from shared.config import Settings
-from shared.topology import Topology, WorkQueue
+from shared.ops import dlq_lock
 from shared.vocabulary import ORIGINAL_QUEUE, REASON
 from tests.conftest import TEST_AMQP_URL, SmtpSink
 from tests.helpers import eventually, payment_event

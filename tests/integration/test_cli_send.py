@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from services.ingest.app import create_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
 from shared.config import Settings
 from shared.xhub import SIGNATURE_HEADER, TIMESTAMP_HEADER, WEBHOOK_PATH
 from shared.xhub.signatures import verify

@@ -37,8 +37,8 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
-from shared import dlq
-from shared.topology import Topology
+from shared.amqp.topology import Topology
+from shared.ops import dlq
 from tests.conftest import SmtpSink
 from tests.helpers import payment_event
 from tests.integration.api_contract import running_api

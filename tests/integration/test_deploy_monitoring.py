@@ -31,9 +31,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.metrics_core import Metric as Family
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import build_topology, delete
 from shared.config import Settings
-from shared.topology import build_topology, delete
 from tests.conftest import TEST_AMQP_URL, TEST_SECRETS
 from tests.markdown import github_anchors
 

@@ -1,4 +1,4 @@
-"""shared.dlq against a real RabbitMQ: show keeps every message in place, requeue moves exactly
+"""shared.ops.dlq against a real RabbitMQ: show keeps every message in place, requeue moves exactly
 what was asked (confirmed before acknowledged), purge reports what it removed.
 
 The DLQ is filled as the worker runtime fills it (its failure headers), plus one message that
@@ -18,9 +18,9 @@ import orjson
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, DeliveryMode
 
-from shared import dlq
-from shared.dlq_moves import Selection, UnroutableError, purge, requeue
-from shared.topology import DELIVERY_LIMIT, Topology, WorkQueue
+from shared.amqp.topology import DELIVERY_LIMIT, Topology, WorkQueue
+from shared.ops import dlq
+from shared.ops.dlq_moves import Selection, UnroutableError, purge, requeue
 from shared.vocabulary import (
     ATTEMPTS,
     FIRST_FAILED_AT,

@@ -16,9 +16,9 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from shared import dlq, dlq_lock
-from shared.dlq_moves import Selection, purge, requeue
-from shared.topology import Topology, WorkQueue, lock_of
+from shared.amqp.topology import Topology, WorkQueue, lock_of
+from shared.ops import dlq, dlq_lock
+from shared.ops.dlq_moves import Selection, purge, requeue
 from tests.conftest import CONNECT_TIMEOUT_S, TEST_AMQP_URL
 from tests.helpers import eventually
 from tests.integration.system import depths

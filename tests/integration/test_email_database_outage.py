@@ -18,9 +18,9 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, DeliveryMode
 
 from services.email.app import create_app as email_app
+from shared.amqp.topology import Topology
 from shared.messages import OrderTransition
-from shared.topology import Topology
-from shared.web import REGISTRY
+from shared.process.web import REGISTRY
 from tests.conftest import SmtpSink, smtp_server
 from tests.helpers import eventually
 from tests.integration.system import register

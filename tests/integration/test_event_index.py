@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from shared import inbox_view
-from shared.inbox_view import EventQuery
+from shared.ops import inbox_view
+from shared.ops.inbox_view import EventQuery
 from shared.queries import inbox as inbox_sql
 
 ROWS = 20_000

@@ -1,5 +1,5 @@
-"""Every service's HTTP limits (shared/http_limits.py): idle and slow connections are closed,
-requests beyond the in-flight cap are answered 503 at once.
+"""Every service's HTTP limits (shared/process/http_limits.py): idle and slow connections are
+closed, requests beyond the in-flight cap are answered 503 at once.
 
 The servers run with the options service.run passes to aiohttp, with short timings; clients
 are raw sockets, so nothing on the client side hides what the server does.
@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from services.ingest.app import create_app
 from shared.config import Settings
-from shared.http_limits import HTTP_LIMITS, HttpLimits
-from shared.web import base_app
+from shared.process.http_limits import HTTP_LIMITS, HttpLimits
+from shared.process.web import base_app
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, payment_event
 

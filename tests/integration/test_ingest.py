@@ -14,10 +14,10 @@ from structlog.testing import capture_logs
 
 from services.ingest.accept import AcceptorConfig
 from services.ingest.app import create_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.queries import inbox as inbox_sql
-from shared.topology import Topology
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, payment_event, signed_headers
 

@@ -26,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.raw_http import OneShotSender
 from services.sim.burst import BUDGET_S, LARGEST_BACKLOG, figures
 from services.sim.deliverer import TIMEOUT_S, Deliverer, Result, SimWebhook
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.file_limit import raise_to_hard_limit
-from shared.topology import Topology
+from shared.process.file_limit import raise_to_hard_limit
 from shared.xhub.events import status_changed
 from tests.conftest import TEST_SECRETS
 from tests.helpers import eventually

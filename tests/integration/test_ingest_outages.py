@@ -19,9 +19,9 @@ from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
 from services.ingest.app import create_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
 from tests.conftest import TEST_AMQP_URL, TEST_DATABASE_URL, TEST_SECRETS, own_database
 from tests.helpers import delivery, drain, eventually, payment_event, signed_headers
 from tests.proxy import TcpProxy

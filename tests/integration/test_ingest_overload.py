@@ -24,9 +24,9 @@ from services.ingest.admission import AdmissionConfig
 from services.ingest.app import create_app
 from services.ingest.endpoint import REFUSAL_HOLD_S
 from services.sim.deliverer import TIMEOUT_S, Deliverer, Result, SimWebhook
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
 from shared.xhub.events import status_changed
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, eventually, payment_event

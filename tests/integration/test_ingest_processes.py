@@ -21,8 +21,8 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from prometheus_client.parser import text_string_to_metric_families
 
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, eventually, payment_event
 from tests.processes import ServiceProcess, ServiceProcesses

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.ingest.app import create_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
 from shared.config import Settings
 from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 from shared.xhub.signatures import sign

@@ -18,11 +18,11 @@ import asyncpg
 from aiohttp.test_utils import TestClient
 
 from services.ingest.app import create_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.payment_view import payment_view
+from shared.ops.payment_view import payment_view
 from shared.queries import inbox as inbox_sql
-from shared.topology import Topology
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, eventually, payment_event
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from services.ingest.app import create_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
 from shared.config import Settings
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, payment_event

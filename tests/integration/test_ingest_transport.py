@@ -26,9 +26,9 @@ from structlog.testing import capture_logs
 
 from services.ingest import endpoint
 from services.ingest.app import create_app
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
 from shared.config import Settings
-from shared.http_limits import HTTP_LIMITS, HttpLimits
+from shared.process.http_limits import HTTP_LIMITS, HttpLimits
 from tests.conftest import TEST_DATABASE_URL, TEST_SECRETS, own_database
 from tests.helpers import delivery, eventually, payment_event
 from tests.proxy import TcpProxy, proxy_to, via
@@ -72,8 +72,8 @@ Serve = Callable[[web.Application], Awaitable[int]]
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Serve]:
-    """Run an app as shared/service.py does (aiohttp's own runner and defaults, with the HTTP
-    limits), not as aiohttp's TestServer does: that one cancels a handler whose client hung
+    """Run an app as shared/process/service.py does (aiohttp's own runner and defaults, with the
+    HTTP limits), not as aiohttp's TestServer does: that one cancels a handler whose client hung
     up, which production never does. Gives the port."""
     runners: list[web.AppRunner] = []
 

@@ -16,12 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.api.app import create_app as api_app
 from services.ingest.accept import outgoing
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.outgoing import to_message
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.outgoing import to_message
 from shared.queries import outbox as outbox_sql
 from shared.queries import parked as parked_sql
-from shared.topology import Topology
 from tests.conftest import SmtpSink
 from tests.helpers import delivery, eventually, payment_event, signed_headers
 from tests.integration.system import (

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from shared import migrate as migrations
 from shared.db import pool_ctx
 from shared.migrate import MigrationChangedError, load_migrations, migrate, run_migrations
-from shared.web import base_app
+from shared.process.web import base_app
 from tests.conftest import database_url, run_database_name
 
 REPO = Path(__file__).resolve().parents[2]

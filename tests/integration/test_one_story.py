@@ -27,14 +27,14 @@ from services.bonuses.handler import make_handler as bonus_handler
 from services.email.handler import make_handler as email_handler
 from services.email.sender import SmtpRejectedError, SmtpSender
 from services.sim.summary import actual_effects, story_problems
-from shared.batches import Delivery
 from shared.bonus_rules import Transition, entries_for
 from shared.db import create_pool
 from shared.messages import OrderTransition
 from shared.metrics import BonusMetrics, EmailMetrics, new_registry
-from shared.payment_view import payment_view
+from shared.ops.payment_view import payment_view
 from shared.queries import orders as orders_sql
 from shared.vocabulary import EARNING, REFUNDED_EMAIL, SUCCEEDED_EMAIL
+from shared.worker.batches import Delivery
 from tests.batch_handlers import Handler, one_by_one
 from tests.conftest import RefusingSink, SmtpSink, smtp_server
 from tests.helpers import payment_event

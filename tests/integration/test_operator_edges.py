@@ -1,5 +1,5 @@
 """Every operator action through every edge that offers it (api, console, CLI) leaves the same
-audit row and gives the same answer (shared/operator_actions.py): requeue on all three,
+audit row and gives the same answer (shared/ops/operator_actions.py): requeue on all three,
 order registration on the api and the CLI, purge on the CLI."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.operator_actions import Purged
-from shared.topology import Topology
+from shared.ops.operator_actions import Purged
 from tests.integration.api_contract import running_api
 from tests.integration.test_api_audit import order, trail
 from tests.integration.test_cli_operators import cli_env, run_payhooks

@@ -20,14 +20,14 @@ from aiohttp.test_utils import TestClient
 
 from services.api.app import create_app as api_app
 from services.ingest.accept import outgoing
-from shared import dlq, dlq_moves
-from shared.broker import BROKER
+from shared.amqp.broker import BROKER
+from shared.amqp.outgoing import to_message
+from shared.amqp.topology import Topology
 from shared.db import create_pool
-from shared.outgoing import to_message
+from shared.ops import dlq, dlq_moves
+from shared.process.web import REGISTRY
 from shared.queries import orders as orders_sql
 from shared.queries import parked as parked_sql
-from shared.topology import Topology
-from shared.web import REGISTRY
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

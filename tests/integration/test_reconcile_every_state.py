@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from services.reconciler.app import create_app as reconciler_service
+from shared.process.web import REGISTRY
 from shared.queries import orders as orders_sql
-from shared.web import REGISTRY
 from tests.conftest import SmtpSink
 from tests.helpers import delivery, eventually, payment_event
 from tests.integration.provider import API_KEY, FakeProvider

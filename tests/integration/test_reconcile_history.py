@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from services.reconciler.app import create_app as reconciler_service
-from shared.web import REGISTRY
+from shared.process.web import REGISTRY
 from tests.conftest import SmtpSink
 from tests.helpers import eventually
 from tests.integration.provider import API_KEY, FakeProvider, busiest_second

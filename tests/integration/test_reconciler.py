@@ -15,15 +15,15 @@ from prometheus_client import CollectorRegistry
 from services.reconciler import schedule
 from services.reconciler.app import create_app as reconciler_service
 from services.reconciler.jobs import reconcile_once
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
+from shared.process.web import REGISTRY
 from shared.queries import orders as orders_sql
 from shared.queries import schedule as schedule_sql
 from shared.queries.schedule import Timing
-from shared.topology import Topology
-from shared.web import REGISTRY
 from shared.xhub.client import ProviderClient, ProviderPolicy
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event

@@ -22,14 +22,14 @@ from services.sim.api import PaymentBook, start_api
 from services.sim.deliverer import Deliverer, Result, SimWebhook
 from services.sim.delivery_rules import FailReason
 from services.sim.summary import actual_effects, expect_from_webhooks, mismatches, summarize
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.console import EXIT_OK
 from shared.db import create_pool
+from shared.errors import EXIT_OK
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.queries import orders as orders_sql
 from shared.queries.schedule import Timing
-from shared.topology import Topology
 from shared.vocabulary import OrderStatus
 from shared.xhub.client import ProviderClient, ProviderPolicy
 from shared.xhub.signatures import verify

@@ -28,10 +28,9 @@ from services.email.app import create_app as email_app
 from services.email.sender import SmtpLoginError, SmtpSender, SmtpUnavailableError
 from services.email.template_files import default_templates, load_templates
 from services.email.templates import OutgoingEmail, render
+from shared.amqp.topology import Topology
 from shared.config import ConfigError, Settings
-from shared.console import EXIT_USAGE
-from shared.errors import PermanentError, TransientError
-from shared.topology import Topology
+from shared.errors import EXIT_USAGE, PermanentError, TransientError
 from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (
@@ -216,7 +215,8 @@ async def test_a_refused_login_is_a_clear_transient_error_and_the_next_send_logs
             await smtp.close()
 
     error = refused.value
-    # The worker retries what is not permanent (shared/worker.py), on the ladder, then the DLQ.
+    # The worker retries what is not permanent (shared/worker/runtime.py), on the ladder, then the
+    # DLQ.
     assert isinstance(error, TransientError)
     assert not isinstance(error, PermanentError)
     assert "refused the login (535" in str(error)

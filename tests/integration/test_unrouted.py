@@ -23,16 +23,16 @@ from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
 
 from services.api.app import create_app
-from shared.broker import BROKER, Broker
-from shared.config import Settings
-from shared.outgoing import Outgoing, to_message
-from shared.topology import (
+from shared.amqp.broker import BROKER, Broker
+from shared.amqp.outgoing import Outgoing, to_message
+from shared.amqp.topology import (
     UNROUTED_ARGS,
     UNROUTED_MAX_MESSAGES,
     QueueSpec,
     Topology,
     declare,
 )
+from shared.config import Settings
 from tests import run_vhost
 from tests.conftest import TEST_AMQP_URL
 from tests.helpers import drain, eventually

@@ -11,10 +11,10 @@ import asyncpg
 import orjson
 import pytest
 
-from shared.batches import Delivery, Step, apply_batch
+from shared.amqp.topology import Topology, declare
 from shared.config import Settings
 from shared.queries import emails as emails_sql
-from shared.topology import Topology, declare
+from shared.worker.batches import Delivery, Step, apply_batch
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import depths, header, register
 from tests.integration.test_worker_message_id import orders_worker, publish

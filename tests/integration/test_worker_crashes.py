@@ -24,12 +24,12 @@ import orjson
 import pytest
 from aio_pika.abc import AbstractChannel, DeliveryMode
 
+from shared.amqp.topology import DELIVERY_LIMIT, Topology, declare
 from shared.config import Settings
 from shared.messages import OrderTransition
+from shared.process.service import SHUTDOWN_TIMEOUT_S
 from shared.queries import orders as orders_sql
 from shared.queries import processed as processed_sql
-from shared.service import SHUTDOWN_TIMEOUT_S
-from shared.topology import DELIVERY_LIMIT, Topology, declare
 from tests.conftest import own_database, smtp_server
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import register

@@ -27,16 +27,16 @@ from services.ingest.accept import outgoing
 from services.orders.handler import make_handler as orders_handler
 from services.orders.outbox import OutboxRelay
 from services.sim.summary import expected_final_status
-from shared.batches import BatchHandler, Delivery, Result
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.outgoing import to_message
+from shared.amqp.topology import Topology, declare
 from shared.config import Settings
 from shared.db import create_pool
 from shared.messages import ORDER_TRANSITION_SCHEMA
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
-from shared.outgoing import to_message
-from shared.topology import Topology, declare
 from shared.vocabulary import OrderStatus
-from shared.worker import Worker
+from shared.worker.batches import BatchHandler, Delivery, Result
+from shared.worker.runtime import Worker
 from shared.xhub.events import InvalidEventError
 from tests.batch_handlers import Handler, one_by_one
 from tests.conftest import SmtpSink
@@ -333,7 +333,7 @@ def each_alone(handle: Handler) -> BatchHandler:
 async def running_worker(
     settings: Settings, topology: Topology, channel: AbstractChannel, handler: Handler
 ) -> AsyncIterator[Worker]:
-    """A shared.worker.Worker on the test topology's orders queue with `handler`."""
+    """A shared.worker.runtime.Worker on the test topology's orders queue with `handler`."""
     broker = Broker(settings.amqp_url, topology)
     await broker.start()
     worker = Worker(

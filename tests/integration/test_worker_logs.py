@@ -14,11 +14,11 @@ import structlog
 from structlog.testing import capture_logs
 from structlog.typing import EventDict
 
-from shared.batches import Delivery, Result, Step
+from shared.amqp.topology import Topology, declare
 from shared.config import Settings
 from shared.db import create_pool
 from shared.messages import OrderTransition
-from shared.topology import Topology, declare
+from shared.worker.batches import Delivery, Result, Step
 from tests.batch_handlers import in_one_transaction
 from tests.helpers import eventually, payment_event
 from tests.integration.test_worker_message_id import orders_worker, publish, running_worker

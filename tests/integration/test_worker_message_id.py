@@ -20,13 +20,13 @@ from pamqp.header import ContentHeader
 
 from services.orders.handler import make_handler as orders_handler
 from services.orders.outbox import OutboxRelay
-from shared.batches import BatchHandler
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.topology import Topology, declare
 from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
-from shared.topology import Topology, declare
-from shared.worker import Worker
+from shared.worker.batches import BatchHandler
+from shared.worker.runtime import Worker
 from tests.helpers import drain, eventually, payment_event
 from tests.integration.system import consumer_counts, depths, effects, header, register
 
@@ -39,8 +39,8 @@ async def running_worker(
     make_handler: Callable[[Broker], BatchHandler],
     **batching: Any,
 ) -> AsyncIterator[Worker]:
-    """The orders queue consumed by shared.worker.Worker with the handler `make_handler` makes
-    from the worker's broker, once its consumer is on the queue; `batching`: the Worker's
+    """The orders queue consumed by shared.worker.runtime.Worker with the handler `make_handler`
+    makes from the worker's broker, once its consumer is on the queue; `batching`: the Worker's
     batch_size, batchers, linger_s."""
     broker = Broker(settings.amqp_url, topology)
     await broker.start()

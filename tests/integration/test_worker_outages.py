@@ -15,10 +15,10 @@ import pytest
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
 
+from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.topology import Topology
+from shared.process.web import REGISTRY
 from shared.vocabulary import REASON
-from shared.web import REGISTRY
 from tests.conftest import TEST_AMQP_URL, RefusingSink, SmtpSink, smtp_server
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.acks import AckWindow
+from shared.worker.acks import AckWindow
 
 
 def window(tags: range) -> AckWindow:

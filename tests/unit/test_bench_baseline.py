@@ -11,7 +11,7 @@ from bench import naive_ingest
 from services.ingest import app as ingest
 from services.ingest.endpoint import METRICS, SETTINGS
 from shared.config import Settings
-from shared.http_limits import HTTP_LIMITS
+from shared.process.http_limits import HTTP_LIMITS
 
 
 def _name(thing: Any) -> str:

@@ -1,11 +1,11 @@
-"""shared/file_limit.py and ingest's in-flight cap derived from it."""
+"""shared/process/file_limit.py and ingest's in-flight cap derived from it."""
 
 from __future__ import annotations
 
 import resource
 
 from services.ingest.app import FILES_KEPT_FREE, MAX_IN_FLIGHT, in_flight_cap
-from shared.file_limit import open_files_allowed, raise_to_hard_limit
+from shared.process.file_limit import open_files_allowed, raise_to_hard_limit
 
 
 def test_the_soft_limit_is_raised_to_the_hard_one() -> None:

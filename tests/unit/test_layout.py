@@ -115,7 +115,7 @@ def test_no_service_imports_a_sibling() -> None:
     assert offenders == []
 
 
-# An operator action done or recorded anywhere but shared/operator_actions.py (found by its
+# An operator action done or recorded anywhere but shared/ops/operator_actions.py (found by its
 # name, wherever it lives) could skip the audit: the edges call that module's functions.
 # By the defining module's own name, so that moving it into a sub-package keeps the rule.
 ACTIONS = {
@@ -158,8 +158,80 @@ def test_operator_actions_are_done_and_audited_in_one_module() -> None:
 
 def test_the_action_check_sees_actions() -> None:
     code = (
-        "from shared.dlq_moves import Selection, requeue\n"
+        "from shared.ops.dlq_moves import Selection, requeue\n"
         "from shared.queries import audit\n"
         "async def f(db):\n    await audit.record(db, audit.Action('a', 'api', 'x', 't'))"
     )
     assert unaudited_actions(ast.parse(code)) == ["requeue", "audit.record", "audit.Action"]
+
+
+# shared/ as a map: a concern is found by its folder, and a folder leans only on those below it.
+# process/ runs one service process; amqp/ is RabbitMQ plumbing; worker/ is the worker runtime;
+# ops/ is what operators read and move. The ground (shared/'s own modules, queries/, xhub/) is
+# config, errors, words, domain and SQL, which every folder may use.
+WINGS = ("amqp", "worker", "ops", "process")
+GROUND = ""  # a module at shared/'s top level, or in a folder that is no wing
+NEVER = {
+    "process": {"amqp", "worker", "ops"},  # serving a process knows no broker, worker or operator
+    "amqp": {"worker", "ops"},  # plumbing knows nothing of who consumes or reads
+    "worker": {"ops"},  # the runtime and the operators' reads are siblings, neither above
+    "ops": {"worker"},  # ... so the DLQ reads take int_header from vocabulary, not failures
+    GROUND: {"worker", "ops"},  # the ground stands under both top floors
+}
+# Beyond this, a new module belongs in a folder (or a new one): a newcomer reads shared/ as a map.
+MAX_TOP_LEVEL_MODULES = 15
+
+
+def _wing_of(path: Path) -> str:
+    parts = path.relative_to(ROOT / "shared").parts
+    return parts[0] if len(parts) > 1 and parts[0] in WINGS else GROUND
+
+
+def _wings_imported(tree: ast.AST) -> set[str]:
+    """The wings of shared/ a module imports: `shared.ops.dlq`, `from shared.ops import dlq`,
+    `from shared import ops`, at any depth (an import inside a function counts too)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name.split(".")[1] for name in names if name.startswith("shared.")} & set(WINGS)
+
+
+def test_shared_keeps_few_top_level_modules() -> None:
+    top = sorted(p.name for p in (ROOT / "shared").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at shared/'s top: {top}"
+
+
+def test_each_wing_is_a_package_that_says_what_it_holds() -> None:
+    for wing in WINGS:
+        init = ROOT / "shared" / wing / "__init__.py"
+        tree = ast.parse(init.read_text())
+        assert ast.get_docstring(tree), f"shared/{wing}/__init__.py: one docstring, its map"
+        assert len(tree.body) == 1, f"shared/{wing}/__init__.py: no re-exports, nothing runs"
+
+
+def test_shared_folders_lean_only_on_those_below() -> None:
+    offenders = []
+    for path in sources("shared"):
+        wing = _wing_of(path)
+        wrong = _wings_imported(ast.parse(path.read_text())) & NEVER[wing]
+        if wrong:
+            offenders.append(f"{path.relative_to(ROOT)} imports shared/{sorted(wrong)}")
+    assert offenders == []
+
+
+def test_the_folder_check_sees_every_spelling() -> None:
+    spelled = (
+        "import shared.ops.dlq\n"
+        "from shared.worker.failures import route\n"
+        "from shared import amqp\n"
+        "def f():\n    from shared.process import tasks\n"
+        "from shared.errors import EXIT_USAGE\n"
+    )
+    assert _wings_imported(ast.parse(spelled)) == {"ops", "worker", "amqp", "process"}
+    assert _wing_of(ROOT / "shared" / "ops" / "dlq.py") == "ops"
+    assert _wing_of(ROOT / "shared" / "queries" / "inbox.py") == GROUND
+    assert _wing_of(ROOT / "shared" / "errors.py") == GROUND

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from shared.logs import _dumps, chosen_format, configure_logging
+from shared.process.logs import _dumps, chosen_format, configure_logging
 
 
 def test_a_lone_surrogate_is_logged_not_raised() -> None:

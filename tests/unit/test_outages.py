@@ -17,7 +17,8 @@ from services.email.smtp import (
     SmtpLoginRefusedError,
     SmtpReplyError,
 )
-from shared.alarms import BlockedError
+from shared.amqp.alarms import BlockedError
+from shared.amqp.publish_together import PublishTimeoutError
 from shared.db import ReadOnlyDatabaseError
 from shared.errors import (
     BrokerUnavailableError,
@@ -28,7 +29,6 @@ from shared.errors import (
     UnknownPaymentError,
 )
 from shared.outages import is_outage, outage_of
-from shared.publish_together import PublishTimeoutError
 
 PG, MQ, SMTP = Dependency.POSTGRESQL, Dependency.RABBITMQ, Dependency.SMTP
 

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from structlog.testing import capture_logs
 
 from shared.errors import Dependency
-from shared.pause import Pause
+from shared.worker.pause import Pause
 
 PG, SMTP = Dependency.POSTGRESQL, Dependency.SMTP
 BACKOFF_S = (0.01, 0.02, 0.04)

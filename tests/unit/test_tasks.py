@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from shared.tasks import keep_running
+from shared.process.tasks import keep_running
 
 
 @pytest.mark.parametrize("swallowed_as", ["nothing", "an error"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.topology import (
+from shared.amqp.topology import (
     DELIVERY_LIMIT,
     QueueSpec,
     Topology,

@@ -14,9 +14,9 @@ from aiohttp.typedefs import Middleware
 from services.api.console import sessions
 from services.api.console.render import render
 from services.api.console.sessions import CSRF, CSRF_COOKIE, CSRF_FIELD, SIGNED_IN, Gate
-from shared import dlq_lock
 from shared.db import DB_POOL, TRANSIENT_DB_ERRORS
 from shared.errors import Dependency, UnavailableError
+from shared.ops import dlq_lock
 from shared.outages import outage_of
 
 log = structlog.get_logger(__name__)

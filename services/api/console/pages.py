@@ -17,17 +17,17 @@ from services.api.console.render import render
 from services.api.console.sessions import GATE, SIGNED_IN
 from services.api.dlq_access import DLQ_ACCESS
 from services.api.monitor import PASSES
-from shared import dlq, dlq_lock, unrouted
 from shared.db import DB_POOL
-from shared.dlq_moves import FILTERS, Selection, UnroutableError
-from shared.operator_actions import Edge, Operator, dead_letters_or_reason, requeue_recorded
-from shared.order_input import text_problem
-from shared.payment_view import payment_view
+from shared.ops import dlq, dlq_lock, unrouted
+from shared.ops.dlq_moves import FILTERS, Selection, UnroutableError
+from shared.ops.operator_actions import Edge, Operator, dead_letters_or_reason, requeue_recorded
+from shared.ops.order_input import text_problem
+from shared.ops.payment_view import payment_view
+from shared.process.web import REGISTRY
 from shared.queries import audit
 from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
 from shared.tokens import OPERATOR
-from shared.web import REGISTRY
 from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)

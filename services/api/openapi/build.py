@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.api.responses import PROBLEM_JSON
-from shared import dlq, inbox_view
+from shared.ops import dlq, inbox_view
 
 PATH = "/api/openapi.json"
 
@@ -56,7 +56,7 @@ def problem(description: str, *codes: str) -> Schema:
 def unavailable_answer(*codes: str) -> Schema:
     answer = problem("PostgreSQL or RabbitMQ unavailable, or the DLQ busy; retry later", *codes)
     answer["headers"] = {"Retry-After": {"schema": INT, "description": "seconds"}}
-    # Shed by shared/http_limits.py before the api's own code runs: too many in flight.
+    # Shed by shared/process/http_limits.py before the api's own code runs: too many in flight.
     answer["content"]["application/json"] = {"schema": ref("Shed")}
     return answer
 
@@ -99,7 +99,7 @@ QUEUE = {
     "description": "the work queue whose DLQ this is; any other name is 404",
 }
 
-# A stored webhook as every view describes it (shared/inbox_view.py webhook_json).
+# A stored webhook as every view describes it (shared/ops/inbox_view.py webhook_json).
 WEBHOOK: dict[str, Schema] = {
     "event_id": STR,
     "event": STR,

@@ -22,7 +22,7 @@ from services.api.openapi.build import (
     ref,
     unavailable_answer,
 )
-from shared import inbox_view, unrouted
+from shared.ops import inbox_view, unrouted
 from shared.queries import audit
 
 OPEN: dict[str, Any] = {"security": []}

@@ -1,8 +1,9 @@
 """The worker runtime every consumer shares: batches of what has arrived, handed to the
 handler (one transaction), the committed ones acked together, each failure routed alone to
-its retry queue or DLQ (shared/failures.py), handed back (nack) if even that fails. A failure
+its retry queue or DLQ (shared/worker/failures.py), handed back (nack) if even that fails. A failure
 that is a dependency's outage (shared/outages.py) is no attempt of the message: it goes back
-to its queue as it was, and the worker pauses until the dependency is back (shared/pause.py)."""
+to its queue as it was, and the worker pauses until the dependency is back
+(shared/worker/pause.py)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,20 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiormq.abc import AbstractChannel
 from aiormq.exceptions import ChannelInvalidStateError
 
-from shared import failures
-from shared.acks import AckWindow
-from shared.batches import BatchHandler, Delivery, Result, about_payment
-from shared.broker import Broker
-from shared.consumer import Consumer
+from shared.amqp.broker import Broker
+from shared.amqp.outgoing import persistent_copy
+from shared.amqp.topology import WorkQueue
 from shared.db import TRANSIENT_DB_ERRORS
 from shared.errors import Dependency, PermanentError, TransientError
 from shared.metrics import WorkerMetrics
 from shared.outages import outage_of
-from shared.outgoing import persistent_copy
-from shared.pause import Pause, Probe
-from shared.tasks import cancel_and_wait
-from shared.topology import WorkQueue
+from shared.process.tasks import cancel_and_wait
 from shared.vocabulary import ATTEMPTS, LAST_ERROR
+from shared.worker import failures
+from shared.worker.acks import AckWindow
+from shared.worker.batches import BatchHandler, Delivery, Result, about_payment
+from shared.worker.consumer import Consumer
+from shared.worker.pause import Pause, Probe
 
 log = structlog.get_logger(__name__)
 

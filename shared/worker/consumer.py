@@ -13,8 +13,8 @@ import aiormq
 import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel
 
-from shared.broker import Broker
-from shared.tasks import cancel_and_wait
+from shared.amqp.broker import Broker
+from shared.process.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 

@@ -12,9 +12,9 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
 
-from shared.dlq import DeadLetter, hand_back, parse_time, read_all
-from shared.dlq_lock import reading
-from shared.outgoing import persistent_copy
+from shared.amqp.outgoing import persistent_copy
+from shared.ops.dlq import DeadLetter, hand_back, parse_time, read_all
+from shared.ops.dlq_lock import reading
 from shared.vocabulary import ATTEMPTS, REASON, REQUEUED
 
 _PUBLISH_TIMEOUT_S = 10.0

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.amqp.topology import WorkQueue
 from shared.errors import PermanentError, TransientError
-from shared.topology import WorkQueue
 from shared.vocabulary import (
     ATTEMPTS,
     FIRST_FAILED_AT,
@@ -17,23 +17,10 @@ from shared.vocabulary import (
     LAST_FAILED_AT,
     ORIGINAL_QUEUE,
     REASON,
+    int_header,
 )
 
 MAX_ERROR_CHARS = 500
-
-
-def int_header(value: object) -> int | None:
-    """A header that should hold a whole number (AMQP may carry it as text); None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str | bytes):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
 
 
 def attempts_of(headers: Mapping[str, Any]) -> int:

@@ -1,6 +1,6 @@
 """The `unrouted` queue for operators: events no worker consumes (withdrawals, exchanges, kyc,
 reminders, ...), counted and shown, never moved (no worker wants them back). Read with
-shared/dlq.py's `peeking`: one reader at a time, every message handed back in order."""
+shared/ops/dlq.py's `peeking`: one reader at a time, every message handed back in order."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from shared import dlq
+from shared.ops import dlq
 
 # The most messages one look lists (it counts all of them).
 MAX_SHOWN = 1000

@@ -1,6 +1,6 @@
 """Dead-letter queues as operators see them: every message read under the DLQ's lock and
 handed back in order (looking moves nothing), described from our failure headers or
-RabbitMQ's x-death. Requeue and purge: shared/dlq_moves.py."""
+RabbitMQ's x-death. Requeue and purge: shared/ops/dlq_moves.py."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ import orjson
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from shared.dlq_lock import reading
-from shared.failures import int_header
-from shared.topology import WORK_QUEUES, Topology, queue_of_dlq
+from shared.amqp.topology import WORK_QUEUES, Topology, queue_of_dlq
+from shared.ops.dlq_lock import reading
 from shared.vocabulary import (
     ATTEMPTS,
     FIRST_FAILED_AT,
@@ -29,6 +28,7 @@ from shared.vocabulary import (
     ORIGINAL_QUEUE,
     REASON,
     REQUEUED,
+    int_header,
 )
 
 QUEUES = WORK_QUEUES

@@ -14,16 +14,16 @@ from typing import Any
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from shared import dlq, dlq_lock
-from shared.connections import UnreachableError
+from shared.amqp.topology import Topology
 from shared.db import Executor
-from shared.dlq import DeadLetter
 from shared.errors import UnavailableError
-from shared.order_input import text_problem
+from shared.ops import dlq, dlq_lock
+from shared.ops.connections import UnreachableError
+from shared.ops.dlq import DeadLetter
+from shared.ops.order_input import text_problem
 from shared.order_machine import Reason
 from shared.queries import inbox as inbox_sql
 from shared.queries.inbox import EventFilter, Position, storable_text
-from shared.topology import Topology
 from shared.xhub import PROVIDER
 
 QUEUED = "queued"

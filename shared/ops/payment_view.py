@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 
 from shared.db import Executor
-from shared.dlq import DeadLetter
-from shared.inbox_view import webhook_json
-from shared.order_input import order_json
+from shared.ops.dlq import DeadLetter
+from shared.ops.inbox_view import webhook_json
+from shared.ops.order_input import order_json
 from shared.queries import emails as emails_sql
 from shared.queries import inbox as inbox_sql
 from shared.queries import ledger as ledger_sql

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from shared.broker import Broker
+from shared.amqp.broker import Broker
+from shared.amqp.outgoing import Outgoing
 from shared.db import Executor
-from shared.outgoing import Outgoing
 
 Row = TypeVar("Row")
 Outcome = list[tuple[Row, BaseException | None]]

@@ -1,18 +1,11 @@
-"""What terminal commands share: exit codes, aligned tables, progress on a terminal only."""
+"""What terminal commands share: aligned tables, progress on a terminal only (their exit
+codes stand beside the errors, in shared/errors.py)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
-
-EXIT_OK = 0
-EXIT_NOTHING = 1  # nothing matched
-EXIT_USAGE = 2  # usage or configuration
-EXIT_UNREACHABLE = 3  # PostgreSQL, RabbitMQ (or, for send, ingest) unreachable
-EXIT_CONFLICT = 4  # a conflicting order
-EXIT_BUSY = 5  # the DLQ is held by another reader: try again later, nothing is broken
-EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as shells say
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO = sys.stdout) -> None:

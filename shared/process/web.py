@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from shared import http_limits
+from shared.process import http_limits
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 # What /readyz adds to its answer beside the checks (a paused worker's why), by key.
@@ -57,8 +57,8 @@ async def metrics(request: web.Request) -> web.Response:
 def base_app(
     registry: CollectorRegistry, *, client_max_size: int = 1024**2, raw_bodies: bool = False
 ) -> web.Application:
-    """An app with /healthz, /readyz, /metrics and shared/http_limits.py's limits. `raw_bodies`:
-    request bodies are read as sent, never decompressed by `Content-Encoding` (what a
+    """An app with /healthz, /readyz, /metrics and shared/process/http_limits.py's limits.
+    `raw_bodies`: request bodies are read as sent, never decompressed by `Content-Encoding` (what a
     signature covers)."""
     app = web.Application(
         client_max_size=client_max_size,

@@ -1,5 +1,6 @@
 """What one client can hold of a service's HTTP server: idle and slow connections, and how
-many requests are handled at once. base_app installs these; shared/service.py runs with them.
+many requests are handled at once. base_app installs these; shared/process/service.py runs with
+them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import aiormq
 from aio_pika.abc import AbstractChannel
 
-from shared.topology import lock_of
+from shared.amqp.topology import lock_of
 
 # How long a reader waits for another to finish with a DLQ (a requeue of thousands of
 # messages takes seconds), and the pause between two tries.

@@ -23,14 +23,14 @@ from aio_pika.abc import (
 from aiohttp import web
 from yarl import URL
 
-from shared.alarms import BlockedError, is_blocked
+from shared.amqp.alarms import BlockedError, is_blocked
+from shared.amqp.outgoing import Outgoing, properties
+from shared.amqp.publish_together import publish_error, publish_together, retrieve_exception
+from shared.amqp.topology import Topology, declare
 from shared.config_values import amqp_nodes
 from shared.errors import BrokerUnavailableError
-from shared.outgoing import Outgoing, properties
-from shared.publish_together import publish_error, publish_together, retrieve_exception
-from shared.tasks import cancel_and_wait
-from shared.topology import Topology, declare
-from shared.web import READINESS_CHECKS, SERVING
+from shared.process.tasks import cancel_and_wait
+from shared.process.web import READINESS_CHECKS, SERVING
 
 log = structlog.get_logger(__name__)
 

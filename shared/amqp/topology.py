@@ -35,7 +35,7 @@ BINDINGS: dict[str, tuple[str, ...]] = {
 # The bound of `unrouted` (events no worker consumes: withdrawals, kyc, reminders, ...): kept a
 # week for an operator to look at, at most this many messages and bytes (a few hundred bytes
 # to a few KB each), the oldest dropped first beyond that. A look reads all of them at once,
-# which AMQP's largest prefetch (65,535) must cover (shared/dlq.py `peeking`). Dropping loses
+# which AMQP's largest prefetch (65,535) must cover (shared/ops/dlq.py `peeking`). Dropping loses
 # nothing for good: the inbox keeps every accepted event with its raw body for RETENTION_DAYS
 # (>= 35). Not `reject-publish`: that would fail ingest's publish and answer X-Hub 503 for ever.
 UNROUTED_TTL_S = 7 * 24 * 3600
@@ -94,7 +94,7 @@ def queue_of_dlq(dlq: str) -> str:
 
 
 def lock_of(dlq: str) -> str:
-    """The exclusive queue a DLQ's reader holds (shared/dlq_lock.py)."""
+    """The exclusive queue a DLQ's reader holds (shared/ops/dlq_lock.py)."""
     return dlq + LOCK_SUFFIX
 
 

@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 
-from shared.batches import BatchHandler
-from shared.broker import BROKER, broker_ctx
+from shared.amqp.broker import BROKER, broker_ctx
+from shared.amqp.topology import WorkQueue, build_topology
 from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx, probe_writable
 from shared.errors import Dependency
 from shared.metrics import WorkerMetrics
-from shared.pause import Probe
-from shared.topology import WorkQueue, build_topology
-from shared.web import READINESS_CHECKS, READINESS_DETAILS, base_app
-from shared.worker import BATCH_SIZE, BATCHERS, Worker
+from shared.process.web import READINESS_CHECKS, READINESS_DETAILS, base_app
+from shared.worker.batches import BatchHandler
+from shared.worker.pause import Probe
+from shared.worker.runtime import BATCH_SIZE, BATCHERS, Worker
 
 # Database connections per worker process; PostgreSQL's default of 100 connections must fit
 # every replica of every service.

@@ -14,8 +14,8 @@ import structlog
 from prometheus_client import Gauge
 
 from shared.errors import Dependency
-from shared.failures import MAX_ERROR_CHARS, error_text
-from shared.tasks import cancel_and_wait
+from shared.process.tasks import cancel_and_wait
+from shared.worker.failures import MAX_ERROR_CHARS, error_text
 
 log = structlog.get_logger(__name__)
 

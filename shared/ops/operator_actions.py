@@ -11,16 +11,16 @@ from typing import Any, TypeAlias
 
 from aio_pika.abc import AbstractChannel
 
-from shared import dlq, dlq_lock
-from shared.connections import UnreachableError
+from shared.amqp.topology import Topology
 from shared.db import Executor
-from shared.dlq_moves import Progress, Selection, purge, requeue
 from shared.errors import UnavailableError
-from shared.order_input import order_json
+from shared.ops import dlq, dlq_lock
+from shared.ops.connections import UnreachableError
+from shared.ops.dlq_moves import Progress, Selection, purge, requeue
+from shared.ops.order_input import order_json
 from shared.queries import audit
 from shared.queries import orders as orders_sql
 from shared.queries.orders import NewOrder
-from shared.topology import Topology
 
 # Where the audit row goes: a pool or connection at hand, or one to open after the action
 # (the CLI's: a database that cannot be reached then is logged, the action stands).

@@ -10,7 +10,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, DeliveryMode
 from aiormq import spec
 
-from shared.topology import message_id, routing_key
+from shared.amqp.topology import message_id, routing_key
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """Running a service: one aiohttp app on uvloop, graceful on SIGTERM, with its HTTP limits;
-or, where the service allows it, several copies of it on one port (shared/supervisor.py)."""
+or, where the service allows it, several copies of it on one port (shared/process/supervisor.py)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import uvloop
 from aiohttp import web
 
 from shared.config import ConfigError, Settings
-from shared.console import EXIT_USAGE
-from shared.file_limit import raise_to_hard_limit
-from shared.http_limits import HTTP_LIMITS
-from shared.logs import configure_logging
+from shared.errors import EXIT_USAGE
 from shared.metrics import multiprocess_registry
-from shared.supervisor import METRICS_DIR_ENV, supervise, supervised_by
-from shared.tasks import background
-from shared.web import REGISTRY
+from shared.process.file_limit import raise_to_hard_limit
+from shared.process.http_limits import HTTP_LIMITS
+from shared.process.logs import configure_logging
+from shared.process.supervisor import METRICS_DIR_ENV, supervise, supervised_by
+from shared.process.tasks import background
+from shared.process.web import REGISTRY
 
 log = structlog.get_logger(__name__)
 

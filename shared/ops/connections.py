@@ -10,10 +10,10 @@ import aio_pika
 import asyncpg
 from aio_pika.abc import AbstractChannel
 
+from shared.amqp.topology import Topology, build_topology
 from shared.config import Settings
 from shared.config_values import amqp_nodes
 from shared.db import init_connection
-from shared.topology import Topology, build_topology
 
 _TIMEOUT_S = 5.0
 
