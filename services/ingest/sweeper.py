@@ -13,7 +13,7 @@ import structlog
 from services.ingest.accept import outgoing
 from shared.amqp.broker import Broker
 from shared.amqp.outgoing import Outgoing
-from shared.amqp.relay import confirmed, drain, publish_unpublished
+from shared.amqp.relay import confirmed, drain, on_events_exchange, publish_unpublished
 from shared.db import Executor
 from shared.metrics import IngestMetrics
 from shared.process.tasks import keep_running
@@ -50,10 +50,9 @@ class Sweeper:
             self.broker,
             inbox_sql.lock_unpublished,
             _mark,
-            _outgoing,
+            on_events_exchange(self.broker, _outgoing, _PUBLISH_TIMEOUT_S),
             older_than_s=self.after_s,
             batch=self.batch,
-            publish_timeout_s=_PUBLISH_TIMEOUT_S,
         )
         if not outcome:
             return 0

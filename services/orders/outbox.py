@@ -21,7 +21,7 @@ import structlog
 
 from shared.amqp.broker import Broker
 from shared.amqp.outgoing import Outgoing
-from shared.amqp.relay import confirmed, drain, publish_unpublished
+from shared.amqp.relay import confirmed, drain, on_events_exchange, publish_unpublished
 from shared.db import Executor
 from shared.messages import ORDER_TRANSITION_SCHEMA
 from shared.process.tasks import keep_running
@@ -93,10 +93,9 @@ class OutboxRelay:
             self._broker,
             outbox_sql.lock_unpublished_outbox,
             _mark,
-            _outgoing,
+            on_events_exchange(self._broker, _outgoing, _PUBLISH_TIMEOUT_S),
             older_than_s=older_than_s,
             batch=_BATCH,
-            publish_timeout_s=_PUBLISH_TIMEOUT_S,
         )
         for row, error in outcome:
             if error is not None:

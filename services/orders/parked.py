@@ -8,14 +8,15 @@ A registration commits the release and a NOTIFY (shared/queries/parked.py); ever
 listens and wakes at once, and a sweep every `poll_interval_s` catches what a lost
 notification left. Replicas never publish a row together (SKIP LOCKED), and a row is marked
 in the transaction that locked it, after the confirm: a crash in between publishes it twice
-(the worker's processed mark makes the second a no-op), never zero times. Kept apart from the
-outbox relay: different rows, a different target (one queue, not the events exchange)."""
+(the worker's processed mark makes the second a no-op), never zero times. Its own rows
+and target (one queue, not the events exchange), through the same relay as the outbox and
+ingest's sweeper (shared/amqp/relay.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aio_pika
@@ -24,7 +25,9 @@ import structlog
 from aio_pika.abc import DeliveryMode
 
 from shared.amqp.broker import Broker
+from shared.amqp.relay import Publish, confirmed, drain, publish_unpublished
 from shared.amqp.topology import WorkQueue
+from shared.db import Executor
 from shared.errors import UnknownPaymentError
 from shared.metrics import OrderMetrics
 from shared.process.tasks import keep_running
@@ -61,57 +64,59 @@ class ParkedRelay:
         await keep_running(self._step, self._poll_interval_s, "parked.relay_failed", self.wake)
 
     async def _step(self) -> None:
-        while await self.release_once() == _BATCH:
-            pass  # a full batch went out: more may be waiting
-        while await self.dead_letter_once() == _BATCH:
-            pass
+        await drain(self.release_once, _BATCH)
+        await drain(self.dead_letter_once, _BATCH)
 
     async def release_once(self) -> int:
         """Publish one batch of released events to the orders queue; return how many were
         confirmed (the others stay for the next pass)."""
-        if not self._broker.is_ready:
-            return 0
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await parked_sql.lock_released(conn, _BATCH)
-            if not rows:
-                return 0
-            done = await self._publish(self._queue.name, rows, [r.headers for r in rows])
-            if done:
-                await parked_sql.mark_published(conn, [r.id for r in done])
-        for row in done:
-            log.info(
-                "order.parked_released",
-                message_id=row.event_id,
-                payment_id=row.payment_id,
-                parked_s=round((dt.datetime.now(dt.UTC) - row.parked_at).total_seconds(), 3),
-            )
-        self._metrics.parked_released.inc(len(done))
-        return len(done)
+        outcome = await publish_unpublished(
+            self._pool,
+            self._broker,
+            lambda conn, _, limit: parked_sql.lock_released(conn, limit),
+            _mark_published,
+            self._publisher(self._queue.name, lambda row: row.headers),
+            older_than_s=0.0,
+            batch=_BATCH,
+        )
+        now = dt.datetime.now(dt.UTC)
+        for row, error in outcome:
+            if error is None:
+                log.info(
+                    "order.parked_released",
+                    message_id=row.event_id,
+                    payment_id=row.payment_id,
+                    parked_s=round((now - row.parked_at).total_seconds(), 3),
+                )
+        done = confirmed(outcome)
+        self._metrics.parked_released.inc(done)
+        return done
 
     async def dead_letter_once(self) -> int:
         """Move one batch of events parked longer than the park to the orders DLQ; return
         how many were confirmed there."""
-        if not self._broker.is_ready:
-            return 0
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await parked_sql.lock_expired(conn, self._park_s, _BATCH)
-            if not rows:
-                return 0
-            now = dt.datetime.now(dt.UTC)
-            headers = [self._dead_letter_headers(r, now) for r in rows]
-            done = await self._publish(self._queue.dlq, rows, headers)
-            if done:
-                await parked_sql.mark_dead_lettered(conn, [r.id for r in done])
-        for row in done:
-            log.info(
-                "message.dead_lettered",
-                message_id=row.event_id,
-                payment_id=row.payment_id,
-                reason=UnknownPaymentError.reason,
-                target=self._queue.dlq,
-            )
-        self._metrics.parked_dead_lettered.inc(len(done))
-        return len(done)
+        now = dt.datetime.now(dt.UTC)
+        outcome = await publish_unpublished(
+            self._pool,
+            self._broker,
+            lambda conn, _, limit: parked_sql.lock_expired(conn, self._park_s, limit),
+            _mark_dead_lettered,
+            self._publisher(self._queue.dlq, lambda row: self._dead_letter_headers(row, now)),
+            older_than_s=0.0,
+            batch=_BATCH,
+        )
+        for row, error in outcome:
+            if error is None:
+                log.info(
+                    "message.dead_lettered",
+                    message_id=row.event_id,
+                    payment_id=row.payment_id,
+                    reason=UnknownPaymentError.reason,
+                    target=self._queue.dlq,
+                )
+        done = confirmed(outcome)
+        self._metrics.parked_dead_lettered.inc(done)
+        return done
 
     def _dead_letter_headers(self, row: parked_sql.ParkedRow, now: dt.datetime) -> dict[str, Any]:
         error = UnknownPaymentError(
@@ -123,33 +128,47 @@ class ParkedRelay:
         route.headers[FIRST_FAILED_AT] = row.parked_at.isoformat()
         return route.headers
 
-    async def _publish(
-        self,
-        queue: str,
-        rows: Sequence[parked_sql.ParkedRow],
-        headers: Sequence[dict[str, Any]],
-    ) -> list[parked_sql.ParkedRow]:
-        """Publish each row's event to `queue` (started in row order, the confirms awaited
-        together); the rows confirmed."""
-        results = await asyncio.gather(
-            *(
-                self._broker.publish_to_queue(queue, _message(row, h), _PUBLISH_TIMEOUT_S)
-                for row, h in zip(rows, headers, strict=True)
-            ),
-            return_exceptions=True,
-        )
-        done = []
-        for row, result in zip(rows, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning(
-                    "parked.publish_failed",
-                    message_id=row.event_id,
-                    queue=queue,
-                    error=repr(result),
-                )
-            else:
-                done.append(row)
-        return done
+    def _publisher(
+        self, queue: str, headers: Callable[[parked_sql.ParkedRow], dict[str, Any]]
+    ) -> Publish[parked_sql.ParkedRow]:
+        """Publish each row's event to `queue` with `headers(row)` (started in row order, the
+        confirms awaited together)."""
+
+        async def publish(
+            rows: Sequence[parked_sql.ParkedRow],
+        ) -> list[BaseException | None]:
+            results = await asyncio.gather(
+                *(
+                    self._broker.publish_to_queue(
+                        queue, _message(row, headers(row)), _PUBLISH_TIMEOUT_S
+                    )
+                    for row in rows
+                ),
+                return_exceptions=True,
+            )
+            errors: list[BaseException | None] = []
+            for row, result in zip(rows, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.warning(
+                        "parked.publish_failed",
+                        message_id=row.event_id,
+                        queue=queue,
+                        error=repr(result),
+                    )
+                    errors.append(result)
+                else:
+                    errors.append(None)
+            return errors
+
+        return publish
+
+
+async def _mark_published(conn: Executor, rows: list[parked_sql.ParkedRow]) -> None:
+    await parked_sql.mark_published(conn, [r.id for r in rows])
+
+
+async def _mark_dead_lettered(conn: Executor, rows: list[parked_sql.ParkedRow]) -> None:
+    await parked_sql.mark_dead_lettered(conn, [r.id for r in rows])
 
 
 def _message(row: parked_sql.ParkedRow, headers: dict[str, Any]) -> aio_pika.Message:
