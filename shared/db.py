@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 import orjson
@@ -15,12 +16,17 @@ from asyncpg.pool import PoolConnectionProxy
 
 from shared.errors import Dependency, TransientError
 from shared.migrate import load_migrations
+from shared.tasks import cancel_and_wait
 from shared.web import READINESS_CHECKS, SERVING
 
 # Every statement on the request path must finish well inside the provider's 10 s budget.
 CONNECT_TIMEOUT_S = 3.0
 COMMAND_TIMEOUT_S = 5.0
 POOL_CLOSE_S = 5.0
+# How often a pool over several hosts asks whether its server still takes writes: one query a
+# second, and a service is on the new primary within about a second of the old one turning
+# read-only.
+FOLLOW_PRIMARY_EVERY_S = 1.0
 
 log = structlog.get_logger(__name__)
 
@@ -95,15 +101,41 @@ class ReadOnlyDatabaseError(TransientError):
     dependency = Dependency.POSTGRESQL
 
 
+_READ_ONLY = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool"
+
+
 async def probe_writable(conn: Executor) -> None:
     """Raises unless the server answers and takes writes: what a worker paused for
-    PostgreSQL asks before it takes work again."""
-    read_only = await conn.fetchval(
-        "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
-        timeout=CONNECT_TIMEOUT_S,
-    )
+    PostgreSQL asks before it takes work again. A pool on a read-only server drops its
+    connections, so the next probe connects afresh (to the read-write host of a DATABASE_URL
+    naming several, target_session_attrs=read-write)."""
+    read_only = await conn.fetchval(_READ_ONLY, timeout=CONNECT_TIMEOUT_S)
     if read_only:
+        if isinstance(conn, asyncpg.Pool):
+            await conn.expire_connections()
         raise ReadOnlyDatabaseError("PostgreSQL takes no writes (read-only or a standby)")
+
+
+def several_hosts(dsn: str) -> bool:
+    """Whether a libpq URI names several hosts (`postgresql://u@h1:5432,h2:5432/db`)."""
+    netloc = urlsplit(dsn).netloc
+    return "," in netloc.rpartition("@")[2]
+
+
+async def follow_primary(pool: asyncpg.Pool[Any], every_s: float = FOLLOW_PRIMARY_EVERY_S) -> None:
+    """Until cancelled: whether the server the pool is on still takes writes; once it does
+    not (a primary fenced or demoted in a failover while its connections live on), the pool
+    drops its connections and its next ones go to the host that does. A primary that died
+    needs none of this: its connections break and the next ones skip it."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            read_only = await pool.fetchval(_READ_ONLY, timeout=CONNECT_TIMEOUT_S)
+        except Exception:  # down or being replaced: the pool's next connection says
+            continue
+        if read_only:
+            log.warning("db.server_read_only", action="reconnecting")
+            await pool.expire_connections()
 
 
 @asynccontextmanager
@@ -149,7 +181,14 @@ def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], Asy
                 return applied is not None and applied >= needed
 
             app[READINESS_CHECKS].extend([database, schema])
-            yield
+            if not several_hosts(dsn):
+                yield
+                return
+            follower = asyncio.create_task(follow_primary(pool), name="db-follow-primary")
+            try:
+                yield
+            finally:
+                await cancel_and_wait(follower)
 
     return ctx
 

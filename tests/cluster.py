@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -536,6 +537,30 @@ def down(prefix: str = "ha") -> list[str]:
         shutil.rmtree(base_for(prefix), ignore_errors=True)
         removed.append(str(base_for(prefix)))
     return removed
+
+
+@contextlib.contextmanager
+def pg_pair_for_run(purpose: str) -> Iterator[PgPair]:
+    """A primary and its synchronous standby named `<purpose><pid>_a/_b` for one process (a
+    test run), removed on the way out; pairs of runs that died are removed first."""
+    for version, name, port in _clusters():
+        match = re.fullmatch(rf"{purpose}([0-9]+)_[ab]", name)
+        if match and not alive(int(match[1])):
+            drop_postgres(faults.PgCluster(version, name, port))
+            shutil.rmtree(base_for(name[:-2]), ignore_errors=True)
+    prefix = f"{purpose}{os.getpid()}"
+    base = base_for(prefix)
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o755)
+    base.chmod(0o755)
+    try:
+        pair = create_pg_pair(prefix, base)
+        try:
+            yield pair
+        finally:
+            drop_pg_pair(pair)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @contextlib.contextmanager
