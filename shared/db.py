@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import urlsplit
@@ -77,14 +77,19 @@ async def _no_session_reset(conn: asyncpg.Connection[Any]) -> None:
     SET, LISTEN or advisory locks). asyncpg still rolls back an open transaction."""
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool[Any]:
+ConnectionInit = Callable[["asyncpg.Connection[Any]"], Coroutine[Any, Any, None]]
+
+
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, init: ConnectionInit = init_connection
+) -> asyncpg.Pool[Any]:
     pool: asyncpg.Pool[Any] = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         timeout=CONNECT_TIMEOUT_S,
         command_timeout=COMMAND_TIMEOUT_S,
-        init=init_connection,
+        init=init,
         reset=_no_session_reset,
     )
     return pool
@@ -139,13 +144,15 @@ async def follow_primary(pool: asyncpg.Pool[Any], every_s: float = FOLLOW_PRIMAR
 
 
 @asynccontextmanager
-async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Pool[Any]]:
+async def open_pool(
+    dsn: str, *, max_size: int = 10, init: ConnectionInit = init_connection
+) -> AsyncIterator[asyncpg.Pool[Any]]:
     """A pool for the lifetime of a service.
 
     min_size=0: the service starts even when PostgreSQL is down (it answers 503 until the
     database is back) instead of crashing at boot.
     """
-    pool = await create_pool(dsn, min_size=0, max_size=max_size)
+    pool = await create_pool(dsn, min_size=0, max_size=max_size, init=init)
     try:
         yield pool
     finally:
@@ -157,22 +164,29 @@ async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Po
             log.warning("db.pool_close_timed_out", seconds=POOL_CLOSE_S)
 
 
+_SERVER = "SELECT coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'local socket')"
+
+
 def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup context that opens the pool at startup and closes it at shutdown."""
 
     needed = max(m.version for m in load_migrations())
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        async with open_pool(dsn, max_size=max_size) as pool:
+        # The server the newest connection reached: all of them, but during a failover.
+        serving: list[str] = []
+
+        async def init(conn: asyncpg.Connection[Any]) -> None:
+            await init_connection(conn)
+            serving[:] = [await conn.fetchval(_SERVER)]
+
+        app[SERVING]["postgresql"] = lambda: serving[0] if serving else None
+        async with open_pool(dsn, max_size=max_size, init=init) as pool:
             app[DB_POOL] = pool
 
             async def database() -> bool:
-                server = await pool.fetchval(
-                    "SELECT coalesce(host(inet_server_addr()) || ':' || inet_server_port(),"
-                    " 'local socket')"
-                )
-                app[SERVING]["postgresql"] = server
-                return bool(server)
+                serving[:] = [await pool.fetchval(_SERVER)]
+                return bool(serving[0])
 
             async def schema() -> bool:
                 # Not ready on an older schema: a pod started (or upgraded) before its

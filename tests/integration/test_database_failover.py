@@ -160,6 +160,10 @@ async def test_services_write_to_the_new_primary_after_a_failover_without_a_rest
             assert ready.status == 200, name
             body = await ready.json()
             assert body["serving"]["postgresql"] == f"127.0.0.1:{new.port}", name
+            metrics = await (await clients[0].get("/metrics")).text()
+            info = 'payhooks_dependency_server_info{dependency="postgresql"'
+            assert f'{info},server="127.0.0.1:{new.port}"}} 1.0' in metrics, name
+            assert metrics.count(info) == 1, name
     finally:
         await db.close()
     followed_s = time.monotonic() - started
