@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias, TypeVar
-from urllib.parse import urlsplit
 
 import asyncpg
 import orjson
@@ -14,6 +13,7 @@ import structlog
 from aiohttp import web
 from asyncpg.pool import PoolConnectionProxy
 
+from shared.config_values import several_hosts
 from shared.errors import Dependency, TransientError
 from shared.migrate import load_migrations
 from shared.tasks import cancel_and_wait
@@ -119,12 +119,6 @@ async def probe_writable(conn: Executor) -> None:
         if isinstance(conn, asyncpg.Pool):
             await conn.expire_connections()
         raise ReadOnlyDatabaseError("PostgreSQL takes no writes (read-only or a standby)")
-
-
-def several_hosts(dsn: str) -> bool:
-    """Whether a libpq URI names several hosts (`postgresql://u@h1:5432,h2:5432/db`)."""
-    netloc = urlsplit(dsn).netloc
-    return "," in netloc.rpartition("@")[2]
 
 
 async def follow_primary(pool: asyncpg.Pool[Any], every_s: float = FOLLOW_PRIMARY_EVERY_S) -> None:

@@ -168,3 +168,20 @@ async def test_services_write_to_the_new_primary_after_a_failover_without_a_rest
         await db.close()
     followed_s = time.monotonic() - started
     assert followed_s < FOLLOW_WITHIN_S
+
+
+async def test_migrate_creates_a_database_through_a_dsn_listing_the_standby_first(
+    pair: cluster.PgPair,
+) -> None:
+    """The new database exists on the standby only once replayed; asyncpg does not skip a host
+    that lacks it, so migrate waits for it instead of failing."""
+    primary = await asyncio.to_thread(cluster.primary_of, pair)
+    standby = await asyncio.to_thread(cluster.standby_of, pair)
+    name = f"fresh_{os.getpid()}"
+    hosts = f"127.0.0.1:{standby.port},127.0.0.1:{primary.port}"
+    dsn = f"postgresql://postgres@{hosts}/{name}?target_session_attrs=read-write"
+    try:
+        applied = await migrate(dsn)
+        assert applied
+    finally:
+        cluster.psql(primary, f"DROP DATABASE IF EXISTS {name}")

@@ -1,10 +1,11 @@
-"""Whether a DATABASE_URL names several hosts (then the pool follows the primary)."""
+"""Whether a DATABASE_URL names several hosts (then pools follow the primary and migrate waits
+for a database just created to reach the standby)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.db import several_hosts
+from shared.config_values import several_hosts
 
 
 @pytest.mark.parametrize(
