@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.processes import ports_for
 from services.cli.run_all import REPLICA_PORT_STEP
 from shared.logs import configure_logging
 from tests import cluster, dlx_guard, faults
@@ -75,6 +77,10 @@ class ClusterStack(Stack):
         )
         self.ha = ha
         self.replicas = replicas
+        # Each copy r listens on its service's port + REPLICA_PORT_STEP * r: those must be
+        # free too (the cluster's own nodes took ports from the same range).
+        while not all(_free(p) for s in self.ports for p in self.replica_ports(s)):
+            self.ports = ports_for(self.ports)
         self.balancer = Balancer(self.replica_ports("ingest"))
 
     def replica_ports(self, service: str) -> list[int]:
@@ -136,6 +142,15 @@ class ClusterStack(Stack):
             if parent == self.process.pid and argv[-2:] == [b"run", service.encode()]:
                 found.append(int(entry.name))
         return sorted(found)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 # --- the faults ----------------------------------------------------------------------------
