@@ -6,7 +6,7 @@ PY := $(BIN)/python
 # allows 3.11-3.13 and the lock files are resolved for all three; only 3.11 is tested).
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
-.PHONY: help install lock run migrate test lint bench bench-vs-prototype bench-workers demo chaos soak clean
+.PHONY: help install lock run migrate test lint bench bench-vs-prototype bench-workers demo chaos soak cluster-up cluster-down cluster-status chaos-cluster clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
@@ -20,6 +20,9 @@ help:
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail"
 	@echo "make soak     - MINUTES (30) at half the measured capacity, watched for growth"
+	@echo "make cluster-up   - 3 RabbitMQ nodes + PostgreSQL primary/sync standby on private ports"
+	@echo "make cluster-down - remove them (nodes, clusters, files)"
+	@echo "make chaos-cluster - make chaos's storm against that stack with 2 copies of every service"
 
 # Exactly the versions (and hashes) of requirements-dev.lock, then payhooks itself without
 # dependencies; `pip check` fails when pyproject.toml asks for a version the lock lacks.
@@ -95,6 +98,25 @@ chaos: install
 MINUTES ?= 30
 soak: install
 	$(PY) -m tests.chaos.soak --minutes $(MINUTES)
+
+# A highly available stack on this machine, beside its shared servers (tests/cluster.py,
+# docs/high-availability.md): three clustered RabbitMQ nodes and a PostgreSQL primary with a
+# synchronous hot standby, on private names and ports. cluster-up prints AMQP_URL and
+# DATABASE_URL to export; cluster-down removes every node, cluster and file. About 40 s.
+cluster-up: install
+	$(PY) -m tests.cluster up
+
+cluster-down: install
+	$(PY) -m tests.cluster down
+
+cluster-status: install
+	$(PY) -m tests.cluster status
+
+# make chaos's storm against that stack (its own, `hachaos*`, made and removed) with two
+# copies of every service: RabbitMQ node kills and stops, a PostgreSQL failover, copies
+# killed, a rolling restart (ROUNDS=kill-orders-leader,pg-failover for some). About 35 minutes.
+chaos-cluster: install
+	$(PY) -m tests.chaos.cluster $(if $(ROUNDS),--rounds $(ROUNDS),)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

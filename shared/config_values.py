@@ -68,3 +68,9 @@ def amqp_url(raw: str) -> str:
     """AMQP_URL as given, once each node in it is a URL (amqp_nodes)."""
     amqp_nodes(raw)
     return raw
+
+
+def several_hosts(dsn: str) -> bool:
+    """Whether a libpq URI names several hosts (`postgresql://u@h1:5432,h2:5432/db`)."""
+    netloc = urlsplit(dsn).netloc
+    return "," in netloc.rpartition("@")[2]

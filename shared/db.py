@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias, TypeVar
 
@@ -13,14 +13,20 @@ import structlog
 from aiohttp import web
 from asyncpg.pool import PoolConnectionProxy
 
+from shared.config_values import several_hosts
 from shared.errors import Dependency, TransientError
 from shared.migrate import load_migrations
+from shared.process.tasks import cancel_and_wait
 from shared.process.web import READINESS_CHECKS, SERVING
 
 # Every statement on the request path must finish well inside the provider's 10 s budget.
 CONNECT_TIMEOUT_S = 3.0
 COMMAND_TIMEOUT_S = 5.0
 POOL_CLOSE_S = 5.0
+# How often a pool over several hosts asks whether its server still takes writes: one query a
+# second, and a service is on the new primary within about a second of the old one turning
+# read-only.
+FOLLOW_PRIMARY_EVERY_S = 1.0
 
 log = structlog.get_logger(__name__)
 
@@ -71,14 +77,19 @@ async def _no_session_reset(conn: asyncpg.Connection[Any]) -> None:
     SET, LISTEN or advisory locks). asyncpg still rolls back an open transaction."""
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool[Any]:
+ConnectionInit = Callable[["asyncpg.Connection[Any]"], Coroutine[Any, Any, None]]
+
+
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, init: ConnectionInit = init_connection
+) -> asyncpg.Pool[Any]:
     pool: asyncpg.Pool[Any] = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         timeout=CONNECT_TIMEOUT_S,
         command_timeout=COMMAND_TIMEOUT_S,
-        init=init_connection,
+        init=init,
         reset=_no_session_reset,
     )
     return pool
@@ -95,25 +106,47 @@ class ReadOnlyDatabaseError(TransientError):
     dependency = Dependency.POSTGRESQL
 
 
+_READ_ONLY = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool"
+
+
 async def probe_writable(conn: Executor) -> None:
     """Raises unless the server answers and takes writes: what a worker paused for
-    PostgreSQL asks before it takes work again."""
-    read_only = await conn.fetchval(
-        "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool",
-        timeout=CONNECT_TIMEOUT_S,
-    )
+    PostgreSQL asks before it takes work again. A pool on a read-only server drops its
+    connections, so the next probe connects afresh (to the read-write host of a DATABASE_URL
+    naming several, target_session_attrs=read-write)."""
+    read_only = await conn.fetchval(_READ_ONLY, timeout=CONNECT_TIMEOUT_S)
     if read_only:
+        if isinstance(conn, asyncpg.Pool):
+            await conn.expire_connections()
         raise ReadOnlyDatabaseError("PostgreSQL takes no writes (read-only or a standby)")
 
 
+async def follow_primary(pool: asyncpg.Pool[Any], every_s: float = FOLLOW_PRIMARY_EVERY_S) -> None:
+    """Until cancelled: whether the server the pool is on still takes writes; once it does
+    not (a primary fenced or demoted in a failover while its connections live on), the pool
+    drops its connections and its next ones go to the host that does. A primary that died
+    needs none of this: its connections break and the next ones skip it."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            read_only = await pool.fetchval(_READ_ONLY, timeout=CONNECT_TIMEOUT_S)
+        except Exception:  # down or being replaced: the pool's next connection says
+            continue
+        if read_only:
+            log.warning("db.server_read_only", action="reconnecting")
+            await pool.expire_connections()
+
+
 @asynccontextmanager
-async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Pool[Any]]:
+async def open_pool(
+    dsn: str, *, max_size: int = 10, init: ConnectionInit = init_connection
+) -> AsyncIterator[asyncpg.Pool[Any]]:
     """A pool for the lifetime of a service.
 
     min_size=0: the service starts even when PostgreSQL is down (it answers 503 until the
     database is back) instead of crashing at boot.
     """
-    pool = await create_pool(dsn, min_size=0, max_size=max_size)
+    pool = await create_pool(dsn, min_size=0, max_size=max_size, init=init)
     try:
         yield pool
     finally:
@@ -125,22 +158,29 @@ async def open_pool(dsn: str, *, max_size: int = 10) -> AsyncIterator[asyncpg.Po
             log.warning("db.pool_close_timed_out", seconds=POOL_CLOSE_S)
 
 
+_SERVER = "SELECT coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'local socket')"
+
+
 def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup context that opens the pool at startup and closes it at shutdown."""
 
     needed = max(m.version for m in load_migrations())
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        async with open_pool(dsn, max_size=max_size) as pool:
+        # The server the newest connection reached: all of them, but during a failover.
+        serving: list[str] = []
+
+        async def init(conn: asyncpg.Connection[Any]) -> None:
+            await init_connection(conn)
+            serving[:] = [await conn.fetchval(_SERVER)]
+
+        app[SERVING]["postgresql"] = lambda: serving[0] if serving else None
+        async with open_pool(dsn, max_size=max_size, init=init) as pool:
             app[DB_POOL] = pool
 
             async def database() -> bool:
-                server = await pool.fetchval(
-                    "SELECT coalesce(host(inet_server_addr()) || ':' || inet_server_port(),"
-                    " 'local socket')"
-                )
-                app[SERVING]["postgresql"] = server
-                return bool(server)
+                serving[:] = [await pool.fetchval(_SERVER)]
+                return bool(serving[0])
 
             async def schema() -> bool:
                 # Not ready on an older schema: a pod started (or upgraded) before its
@@ -149,7 +189,14 @@ def pool_ctx(dsn: str, *, max_size: int = 10) -> Callable[[web.Application], Asy
                 return applied is not None and applied >= needed
 
             app[READINESS_CHECKS].extend([database, schema])
-            yield
+            if not several_hosts(dsn):
+                yield
+                return
+            follower = asyncio.create_task(follow_primary(pool), name="db-follow-primary")
+            try:
+                yield
+            finally:
+                await cancel_and_wait(follower)
 
     return ctx
 

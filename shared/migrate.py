@@ -3,7 +3,9 @@ sha256 of each is recorded, and a file changed after it was applied stops migrat
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,6 +15,8 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import structlog
+
+from shared.config_values import several_hosts
 
 log = structlog.get_logger(__name__)
 
@@ -124,6 +128,25 @@ async def ensure_database(dsn: str) -> None:
         await conn.close()
 
 
+# A database just created on the primary reaches a standby once the standby has replayed it,
+# and asyncpg stops at a listed host that lacks the database (no "next host" for that error):
+# with several hosts, the connection is tried again meanwhile.
+_NEW_DATABASE_WAIT_S = 10.0
+
+
+async def _connect_created(dsn: str) -> asyncpg.Connection[Any]:
+    deadline = time.monotonic() + (_NEW_DATABASE_WAIT_S if several_hosts(dsn) else 0.0)
+    while True:
+        try:
+            conn: asyncpg.Connection[Any] = await asyncpg.connect(dsn, timeout=5)
+        except asyncpg.InvalidCatalogNameError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+        else:
+            return conn
+
+
 async def migrate(dsn: str) -> list[str]:
     """Apply pending migrations (their names); safe to run from several processes at once."""
     return (await run_migrations(dsn)).applied
@@ -132,7 +155,7 @@ async def migrate(dsn: str) -> list[str]:
 async def run_migrations(dsn: str) -> MigrateResult:
     """Apply pending migrations, or raise MigrationChangedError (then nothing is applied)."""
     await ensure_database(dsn)
-    conn: asyncpg.Connection[Any] = await asyncpg.connect(dsn, timeout=5)
+    conn = await _connect_created(dsn)
     result = MigrateResult()
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)

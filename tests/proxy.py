@@ -97,12 +97,15 @@ class TcpProxy:
             _abort(writer)
         self._writers.clear()
 
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(self.target_host, self.target_port)
+
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.mode is Mode.CUT:
             _abort(writer)
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
+            up_reader, up_writer = await self._open_upstream()
         except OSError:  # the source reset: so does the destination
             self._writers.discard(writer)
             _abort(writer)

@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         "run", help="run one service in the foreground, or `all` of them as separate processes"
     )
     run.add_argument("service", choices=(*SERVICES, "all"))
+    run.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=1,
+        help="with `all`: copies of every service, each on its ports + 10 per copy [1]",
+    )
     migrate_ = subcommands.add_parser(
         "migrate", help="apply database migrations (safe to run concurrently)"
     )
@@ -174,6 +180,16 @@ def _migrating(work: Coroutine[Any, Any, T]) -> T:
         sys.exit(EXIT_USAGE)
 
 
+def _replicas(raw: str) -> int:
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= run_all.MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {run_all.MAX_REPLICAS}")
+    return count
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     # A developer's local settings; variables already in the environment win (containers and
     # CI set theirs there and have no .env).
@@ -183,8 +199,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "run" and args.service == "all":
         settings = _settings()  # every variable checked once, before anything starts
         _migrating(migrate(settings.database_url))
-        sys.exit(run_all.main())
+        sys.exit(run_all.main(replicas=args.replicas))
     if args.command == "run":
+        if args.replicas != 1:
+            sys.stderr.write(
+                "payhooks: --replicas goes with `run all` (one service: run it again)\n"
+            )
+            sys.exit(EXIT_USAGE)
         serve(SERVICES[args.service])
         sys.exit(EXIT_OK)
     if args.command == "migrate":

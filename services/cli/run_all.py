@@ -1,5 +1,6 @@
 """`payhooks run all`: every configured service as its own process on one machine, output
-prefixed by service, restarted with a growing backoff, all stopped together on Ctrl-C/SIGTERM."""
+prefixed by service, restarted with a growing backoff, all stopped together on Ctrl-C/SIGTERM.
+`--replicas N` runs N copies of each, competing for the same work (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from services.cli.registry import SERVICES
-from shared.config import is_set
+from shared.config import Settings, is_set
 
 _COLOURS = ("36", "33", "35", "32", "34", "31")
 _BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # A run this long counts as healthy again: the next crash starts the backoff from the top.
 _STABLE_AFTER_S = 60.0
 _STOP_GRACE_S = 20.0
+# Replica r (counted from 0) of a service listens on its port + REPLICA_PORT_STEP * r: with the
+# defaults (8080, 8081, 9101-9104) up to ten replicas never share a port.
+REPLICA_PORT_STEP = 10
+MAX_REPLICAS = 10
+# The variable naming each service's port (shared/config.py reads it).
+PORT_VARIABLES = {
+    "ingest": "INGEST_PORT",
+    "orders": "ORDERS_PORT",
+    "bonuses": "BONUSES_PORT",
+    "email": "EMAIL_PORT",
+    "api": "API_PORT",
+    "reconciler": "RECONCILER_PORT",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Program:
     name: str
     argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # set for this program only (a replica's port)
 
 
 def left_out(env: Mapping[str, str]) -> dict[str, list[str]]:
@@ -39,10 +54,16 @@ def left_out(env: Mapping[str, str]) -> dict[str, list[str]]:
     return {name: lacking for name, lacking in missing.items() if lacking}
 
 
-def programs(env: Mapping[str, str]) -> list[Program]:
+def programs(env: Mapping[str, str], replicas: int = 1) -> list[Program]:
     payhooks = (sys.executable, "-m", "services.cli")
     skipped = left_out(env)
-    found = [Program(name, (*payhooks, "run", name)) for name in SERVICES if name not in skipped]
+    settings = Settings.from_env(env)
+    found = [
+        replica
+        for name in SERVICES
+        if name not in skipped
+        for replica in _replicas(name, (*payhooks, "run", name), settings, replicas)
+    ]
     if _wants_dev_smtp(env):
         port = env.get("SMTP_PORT", "1025")
         found.append(
@@ -61,6 +82,18 @@ def programs(env: Mapping[str, str]) -> list[Program]:
             )
         )
     return found
+
+
+def _replicas(name: str, argv: tuple[str, ...], settings: Settings, replicas: int) -> list[Program]:
+    if replicas == 1:
+        return [Program(name, argv)]
+    port = SERVICES[name].port(settings)
+    return [
+        Program(
+            f"{name}#{r + 1}", argv, ((PORT_VARIABLES[name], str(port + REPLICA_PORT_STEP * r)),)
+        )
+        for r in range(replicas)
+    ]
 
 
 def _wants_dev_smtp(env: Mapping[str, str]) -> bool:
@@ -108,7 +141,7 @@ async def _keep_running(
         started = asyncio.get_running_loop().time()
         process = await asyncio.create_subprocess_exec(
             *program.argv,
-            env=dict(env),
+            env={**env, **dict(program.env)},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops the children
@@ -139,14 +172,14 @@ async def _keep_running(
                 await stopping.wait()
 
 
-async def run_all(env: Mapping[str, str], announce: Sequence[str] = ()) -> int:
+async def run_all(env: Mapping[str, str], announce: Sequence[str] = (), replicas: int = 1) -> int:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     for line in announce:
         print(f"payhooks: generated for this run (dev only): {line}", flush=True)
-    found = programs(env)
+    found = programs(env, replicas)
     print("payhooks: starting " + ", ".join(p.name for p in found), flush=True)
     for name, lacking in left_out(env).items():
         print(f"payhooks: not starting {name}: {', '.join(lacking)} not set", flush=True)
@@ -157,9 +190,9 @@ async def run_all(env: Mapping[str, str], announce: Sequence[str] = ()) -> int:
     return 0
 
 
-def main(env: Mapping[str, str] | None = None) -> int:
+def main(env: Mapping[str, str] | None = None, replicas: int = 1) -> int:
     child, announce = dev_environment(os.environ if env is None else env)
     if sys.stdout.isatty():
         # The children write into a pipe (to be prefixed) but a person reads the terminal.
         child.setdefault("LOG_FORMAT", "console")
-    return asyncio.run(run_all(child, announce))
+    return asyncio.run(run_all(child, announce, replicas))

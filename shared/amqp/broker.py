@@ -331,8 +331,9 @@ def broker_ctx(url: str, topology: Topology) -> Callable[[web.Application], Asyn
         await broker.start()
         app[BROKER] = broker
 
+        app[SERVING]["rabbitmq"] = lambda: broker.node
+
         async def rabbitmq() -> bool:
-            app[SERVING]["rabbitmq"] = broker.node
             return await broker.ping()
 
         async def rabbitmq_not_blocked() -> bool:

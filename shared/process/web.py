@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from shared.process import http_limits
 
@@ -17,12 +19,35 @@ ReadinessDetail = Callable[[], dict[str, object]]
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 READINESS_CHECKS = web.AppKey("readiness_checks", list[ReadinessCheck])
 # Which server of each dependency the service is on ("rabbitmq": "host:port", "postgresql":
-# ...), written by the readiness checks as they run; /readyz shows it among its details (a
-# cluster's node, the primary after a failover).
-SERVING = web.AppKey("serving", dict[str, str])
+# ...), each asked when shown (None: not known yet): /readyz shows them among its details and
+# /metrics as payhooks_dependency_server_info (a cluster's node, the primary after a failover).
+Serving = Callable[[], str | None]
+SERVING = web.AppKey("serving", dict[str, Serving])
 READINESS_DETAILS = web.AppKey("readiness_details", list[ReadinessDetail])
 
 _READINESS_TIMEOUT_S = 2.0
+
+
+def serving_now(serving: dict[str, Serving]) -> dict[str, str]:
+    return {name: server for name, ask in sorted(serving.items()) if (server := ask()) is not None}
+
+
+class ServingCollector(Collector):
+    """payhooks_dependency_server_info{dependency,server} 1 for each server in use now."""
+
+    def __init__(self, serving: dict[str, Serving]) -> None:
+        self._serving = serving
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "payhooks_dependency_server_info",
+            "The server of each dependency this process is on (host:port): the RabbitMQ node"
+            " in use, the PostgreSQL server its connections reach",
+            labels=["dependency", "server"],
+        )
+        for dependency, server in serving_now(self._serving).items():
+            family.add_metric([dependency, server], 1)
+        yield family
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -66,11 +91,12 @@ def base_app(
     )
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []
-    serving: dict[str, str] = {}
+    serving: dict[str, Serving] = {}
     app[SERVING] = serving
+    registry.register(ServingCollector(serving))
 
     def serving_detail() -> dict[str, object]:
-        return {"serving": dict(sorted(serving.items()))}
+        return {"serving": serving_now(serving)}
 
     app[READINESS_DETAILS] = [serving_detail]
     http_limits.install(app, registry)

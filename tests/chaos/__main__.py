@@ -22,10 +22,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 
 from services.sim.deliverer import DeliveryRecord
 from services.sim.summary import expect
@@ -63,6 +65,8 @@ class RoundResult:
     api_503: int = 0
     api_other_5xx: int = 0  # a dependency blip must be a 503, never a 500 (issue 39)
     resent: int = 0  # emails sent again because the server's 250 was lost with the link
+    accepted_missing: int = 0  # event ids answered 200 that are not stored afterwards
+    connection_errors: int = 0  # deliveries that got no answer (refused, reset, timed out)
     examples: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -76,6 +80,7 @@ class RoundResult:
             and self.dead_letters == 0
             and self.other_5xx == 0
             and self.api_other_5xx == 0
+            and self.accepted_missing == 0
             and self.monitor_ok
         )
 
@@ -88,6 +93,8 @@ def _answers(records: list[DeliveryRecord], result: RoundResult) -> None:
                 times_503.append(at)
             elif status is not None and status >= 500:
                 result.other_5xx += 1
+            elif status is None:
+                result.connection_errors += 1
     result.answered_503 = len(times_503)
     result.unavailable_s = max(times_503) - min(times_503) if times_503 else 0.0
     result.failed_deliveries = sum(1 for r in records if r.result and r.result.value == "FAILED")
@@ -172,6 +179,23 @@ async def _sample(stack: Stack, samples: Samples) -> None:
         await asyncio.sleep(_SAMPLE_S)
 
 
+async def _accepted_missing(stack: Stack, records: list[DeliveryRecord]) -> int:
+    """Event ids ingest answered 200 for that the inbox does not hold: a webhook the provider
+    was told is stored, and is not (must be 0 whatever failed)."""
+    accepted = sorted({r.event_id for r in records if 200 in r.http_statuses})
+    conn = await asyncpg.connect(stack.database_url, timeout=10)
+    try:
+        stored = await conn.fetchval(
+            "SELECT count(*) FROM inbox WHERE event_id = ANY($1::text[])", accepted
+        )
+    finally:
+        await conn.close()
+    return len(accepted) - int(stored)
+
+
+Action = Callable[[], Awaitable[None]]
+
+
 async def run_round(
     fault: Fault,
     args: argparse.Namespace,
@@ -179,7 +203,6 @@ async def run_round(
     servers: PrivateServers,
     stacks: list[Stack] | None = None,
 ) -> RoundResult:
-    result = RoundResult(fault.name, fault.what)
     stack = Stack(
         servers.postgres.url("postgres"),
         servers.rabbit.url,
@@ -187,6 +210,29 @@ async def run_round(
         retry_delays=fault.retry_delays or RETRY_DELAYS,
         rabbit_node=servers.rabbit.name,
     )
+
+    async def inject() -> None:
+        await fault.inject(stack, servers)
+
+    async def restore() -> None:
+        await fault.restore(stack, servers)
+
+    return await run_on(
+        stack, RoundResult(fault.name, fault.what), inject, fault.hold_s, restore, args, stacks
+    )
+
+
+async def run_on(
+    stack: Stack,
+    result: RoundResult,
+    inject: Action,
+    hold_s: float,
+    restore: Action,
+    args: argparse.Namespace,
+    stacks: list[Stack] | None = None,
+) -> RoundResult:
+    """A round on `stack`: traffic, `inject`, `hold_s`, `restore`, then the verdict."""
+    out: Path = args.out
     if stacks is not None:
         stacks.append(stack)  # for _run_interruptibly
     config = storm.StormConfig(payments=args.payments, sends_per_s=args.rate, seed=args.seed)
@@ -194,7 +240,7 @@ async def run_round(
     sampler: asyncio.Task[None] | None = None
     api: asyncio.Task[None] | None = None
     try:
-        await stack.start(out / f"{fault.name}.log")
+        await stack.start(out / f"{result.fault}.log")
         plan = await storm.prepare(stack, config)
         result.payments = len(plan.payments)
         sampler = asyncio.create_task(_sample(stack, samples))
@@ -202,14 +248,15 @@ async def run_round(
         traffic = asyncio.create_task(storm.deliver(stack, plan, config))
         await asyncio.sleep(args.lead)
         try:
-            await fault.inject(stack, servers)
-            await asyncio.sleep(fault.hold_s)
+            await inject()
+            await asyncio.sleep(hold_s)
         finally:
-            await fault.restore(stack, servers)
+            await restore()
         restored = time.time()
         records = await traffic
         api.cancel()
         _answers(records, result)
+        result.accepted_missing = await _accepted_missing(stack, records)
 
         expectations = [expect(p, BONUS_POINTS) for p in plan.payments]
         ids = [p.payment_id for p in plan.payments]
@@ -241,7 +288,7 @@ async def run_round(
         for task in (sampler, api):
             if task is not None:
                 task.cancel()
-        await fault.restore(stack, servers)
+        await restore()
         await stack.close()
     return result
 
@@ -288,9 +335,9 @@ def render(results: list[RoundResult]) -> str:
         "| fault | payments right | lost | doubled | wrong state | one-story | dead letters"
         " | 5xx other than 503 | 503 answers (over) | ingest not ready | all ready after"
         " | all right after | api 5xx other than 503 (503s / requests)"
-        " | emails resent after a lost 250 |"
+        " | emails resent after a lost 250 | accepted (200) but missing | connection errors |"
     )
-    lines = [header, "|" + "---|" * 14]
+    lines = [header, "|" + "---|" * 16]
     for r in results:
         c = r.classes
         lines.append(
@@ -299,7 +346,8 @@ def render(results: list[RoundResult]) -> str:
             f" | {r.answered_503} ({r.unavailable_s:.1f} s) | {r.ingest_unready_s:.1f} s"
             f" | {_seconds(r.ready_after_s)}"
             f" | {_seconds(r.right_after_s)}"
-            f" | {r.api_other_5xx} ({r.api_503} / {r.api_requests}) | {r.resent} |"
+            f" | {r.api_other_5xx} ({r.api_503} / {r.api_requests}) | {r.resent}"
+            f" | {r.accepted_missing} | {r.connection_errors} |"
         )
     return "\n".join(lines)
 

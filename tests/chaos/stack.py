@@ -137,6 +137,14 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 
 
+def _first_address(url: str, default_port: int) -> tuple[str, int]:
+    """The first host of a URL that may name several (`postgresql://u@h1:1,h2:2/db`, or
+    AMQP_URL's comma-separated nodes)."""
+    parts = urlsplit(url.split(",")[0])  # the first node's URL, or the DSN up to its 2nd host
+    host, port = parts.hostname, parts.port
+    return host or "127.0.0.1", port or default_port
+
+
 class Stack:
     """One round's system. `start()` brings it up; `close()` removes everything it made."""
 
@@ -150,6 +158,7 @@ class Stack:
         proxied: bool = True,
         retry_delays: str = RETRY_DELAYS,
         rabbit_node: str | None = None,
+        run_args: tuple[str, ...] = (),
     ) -> None:
         # Its own database (payhooks_<name>) and queue prefix (<name>.), removed at the end.
         self.database = f"payhooks_{name}"
@@ -161,12 +170,9 @@ class Stack:
         self.proxied = proxied  # through TCP proxies (to cut the network), or direct
         self.retry_delays = retry_delays
         self.rabbit_node = rabbit_node  # the node rabbitmqctl reaches (None: its default)
-        self.pg_proxy = TcpProxy(
-            urlsplit(database_url).hostname or "127.0.0.1", urlsplit(database_url).port or 5432
-        )
-        self.amqp_proxy = TcpProxy(
-            urlsplit(amqp_url).hostname or "127.0.0.1", urlsplit(amqp_url).port or 5672
-        )
+        self.run_args = run_args  # after `payhooks run all` (--replicas N)
+        self.pg_proxy = TcpProxy(*_first_address(database_url, 5432))
+        self.amqp_proxy = TcpProxy(*_first_address(amqp_url, 5672))
         self.smtp = SmtpCounter()
         ports = ports_for([*SERVICES, "smtp"])
         self.smtp_port = ports.pop("smtp")
@@ -188,7 +194,7 @@ class Stack:
     async def start(self, log_path: Path) -> None:
         await self._fresh_database()
         await self.delete_queues()
-        await asyncio.to_thread(dlx_guard.ensure, self.rabbit_node)
+        await self.guard_dead_lettering()
         if self.proxied:
             await self.pg_proxy.start()
             await self.amqp_proxy.start()
@@ -223,6 +229,7 @@ class Stack:
                 *payhooks_command(),
                 "run",
                 "all",
+                *self.run_args,
                 env=env,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
@@ -256,7 +263,7 @@ class Stack:
         with contextlib.suppress(Exception):
             await self.delete_queues()
             await asyncio.sleep(1)  # the dead-letter workers of deleted queues stop meanwhile
-            await asyncio.to_thread(dlx_guard.ensure, self.rabbit_node)
+            await self.guard_dead_lettering()
         with contextlib.suppress(Exception):
             await self._drop_database()
 
@@ -294,13 +301,20 @@ class Stack:
         finally:
             await admin.close()
 
+    def admin_amqp_url(self) -> str:
+        """The broker the harness itself declares, deletes and counts on."""
+        return self.amqp_url
+
+    async def guard_dead_lettering(self) -> None:
+        await asyncio.to_thread(dlx_guard.ensure, self.rabbit_node)
+
     async def delete_queues(self) -> None:
-        connection = await aio_pika.connect(self.amqp_url, timeout=10)
+        connection = await aio_pika.connect(self.admin_amqp_url(), timeout=10)
         async with connection:
             await delete(await connection.channel(), self.topology)
 
     async def dead_letters(self) -> dict[str, int]:
-        connection = await aio_pika.connect(self.amqp_url, timeout=10)
+        connection = await aio_pika.connect(self.admin_amqp_url(), timeout=10)
         async with connection:
             channel = await connection.channel()
             depths = {}

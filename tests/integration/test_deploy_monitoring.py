@@ -60,7 +60,10 @@ _WORKER_METRICS = {
 
 # Every service's, beside the process_* and python_info collectors' (tests/integration/
 # test_metrics.py).
-_SERVICE_METRICS = {"payhooks_build_info": Metric("gauge", ("version",))}
+_SERVICE_METRICS = {
+    "payhooks_build_info": Metric("gauge", ("version",)),
+    "payhooks_dependency_server_info": Metric("gauge", ("dependency", "server")),
+}
 
 # The contract: service -> the metrics it exposes (SPEC section 7, issue 4, docs/operations.md).
 CONTRACT: dict[str, dict[str, Metric]] = {
@@ -114,6 +117,14 @@ for _metrics in CONTRACT.values():
 METRICS: dict[str, Metric] = {
     name: metric for metrics in CONTRACT.values() for name, metric in metrics.items()
 }
+# Metrics of the servers payhooks runs on that the replication alerts read, with the labels
+# they carry: RabbitMQ's per-object Raft metrics (rabbitmq_prometheus) and CloudNativePG's
+# exporter (its PodMonitor adds namespace and pod).
+SERVER_METRICS: dict[str, Metric] = {
+    "rabbitmq_raft_term_total": Metric("counter", ("vhost", "queue")),
+    "cnpg_pg_replication_streaming_replicas": Metric("gauge", ("namespace", "pod")),
+    "cnpg_pg_replication_in_recovery": Metric("gauge", ("namespace", "pod")),
+}
 
 RECONCILE_CLASSES = frozenset(("undecided", "money", "settlement", "recheck"))
 _QUEUES = frozenset(
@@ -149,6 +160,7 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("payhooks_orders_undecided_events_total", "reason"): frozenset(
         ("reversal_before_refund", "amount_mismatch_ignored", "currency_mismatch")
     ),
+    ("payhooks_dependency_server_info", "dependency"): frozenset(("postgresql", "rabbitmq")),
     ("payhooks_reconcile_overdue_seconds", "class"): RECONCILE_CLASSES,
     ("payhooks_reconcile_due_orders", "class"): RECONCILE_CLASSES,
     ("payhooks_provider_requests_total", "outcome"): frozenset(
@@ -208,6 +220,7 @@ TARGET_LABELS = frozenset(("job", "instance"))
 
 _NAME = re.compile(r"\bpayhooks_[a-zA-Z0-9_]+")
 _SELECTOR = re.compile(r"\b(payhooks_[a-zA-Z0-9_]+)\s*(?:\{([^}]*)\})?")
+_SERVER_SELECTOR = re.compile(r"\b((?:rabbitmq|cnpg)_[a-zA-Z0-9_]+)\s*(?:\{([^}]*)\})?")
 _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -530,9 +543,9 @@ def test_label_matchers_and_groupings_fit_the_contract(
         assert len(exprs) == len(alert_names())
     for expr in exprs:
         labels_here = set(TARGET_LABELS)
-        for series, matchers in _SELECTOR.findall(expr):
-            name = QUERYABLE[series]
-            allowed = set(METRICS[name].labels) | TARGET_LABELS
+        for series, matchers in _SELECTOR.findall(expr) + _SERVER_SELECTOR.findall(expr):
+            name = QUERYABLE.get(series, series)
+            allowed = set({**METRICS, **SERVER_METRICS}[name].labels) | TARGET_LABELS
             if series.endswith("_bucket"):
                 allowed.add("le")
             labels_here |= allowed

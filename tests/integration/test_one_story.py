@@ -27,6 +27,7 @@ from services.bonuses.handler import make_handler as bonus_handler
 from services.email.handler import make_handler as email_handler
 from services.email.sender import SmtpRejectedError, SmtpSender
 from services.sim.summary import actual_effects, story_problems
+from shared.amqp.topology import Topology
 from shared.bonus_rules import Transition, entries_for
 from shared.db import create_pool
 from shared.messages import OrderTransition
@@ -38,7 +39,14 @@ from shared.worker.batches import Delivery
 from tests.batch_handlers import Handler, one_by_one
 from tests.conftest import RefusingSink, SmtpSink, smtp_server
 from tests.helpers import payment_event
-from tests.integration.system import System, gather_posts, quiescent, register
+from tests.integration.system import (
+    System,
+    gather_posts,
+    quiescent,
+    register,
+    start_system,
+    system_settings,
+)
 
 POINTS = 500
 EMAIL_FROM = "payhooks@example.test"
@@ -366,3 +374,51 @@ async def test_one_email_batch_keeps_each_payments_order_and_takes_back_a_failed
             (b, SUCCEEDED_EMAIL, True),
         ]
     )
+
+
+async def test_two_replicas_of_every_service_on_one_payments_racing_events_tell_one_story(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> None:
+    """Two ingest, two orders, two bonus and two email replicas competing on the same queues;
+    each payment's paid, settled and refunded webhooks sent twice (once to each ingest), all at
+    once, in a shuffled order. No per-payment routing is needed: the order row's lock orders a
+    payment's transitions, the ledger and email keys are unique per transition and payment, so
+    every payment ends REFUNDED with its ledger and emails telling the transitions' story."""
+    system = await start_system(
+        aiohttp_client,
+        system_settings(make_settings, smtp[1]),
+        amqp,
+        topology,
+        {"ingest": 2, "orders": 2, "bonuses": 2, "email": 2},
+    )
+    payment_ids = [f"pay_replicas_{n}_{uuid.uuid4().hex[:6]}" for n in range(20)]
+    for payment_id in payment_ids:
+        await register(db, payment_id)
+    events = [
+        (
+            payment_event(payment_id, status, created_at=f"2026-11-30T10:0{n}:00Z"),
+            f"{s}_{payment_id}",
+        )
+        for payment_id in payment_ids
+        for n, (status, s) in enumerate((("paid", "p"), ("settled", "s"), ("refunded", "r")))
+    ]
+    first, second = events[:], events[:]
+    random.Random(11).shuffle(first)
+    random.Random(12).shuffle(second)
+    ingest = system.clients["ingest"]
+    await asyncio.gather(gather_posts(ingest[0], first), gather_posts(ingest[1], second))
+    await quiescent(db, system, timeout_s=30)
+
+    actual = await actual_effects(db, payment_ids)
+    for payment_id in payment_ids:
+        got = actual[payment_id]
+        assert (got["status"], got["bonus"]) == ("REFUNDED", 0), got
+        assert story_problems(got["transitions"], got["ledger"], got["emails"]) == [], got
+        await assert_one_story(db, smtp[0], payment_id, got["transitions"])
+    for service in ("orders", "bonuses", "email"):
+        assert all(n > 0 for n in system.finished_by_instance(service)), service
