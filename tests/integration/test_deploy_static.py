@@ -10,7 +10,8 @@ PrometheusRule holds exactly the rules of deploy/prometheus/alerts.yml. High ava
 runs the settings `make chaos-cluster` measured (tests/cluster.py, tests/chaos/cluster.py): a
 broker list of every RabbitMQ node, a two-host DSN with target_session_attrs=read-write, quorum
 queues led from every node, synchronous commit that waits rather than goes on unreplicated, two
-or more copies of every service spread over nodes, a PodDisruptionBudget for each.
+or more copies of every service spread over nodes, a PodDisruptionBudget for each; compose stays
+the single-node dev stack (docs/high-availability.md says why).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from shared.config import Settings
 from shared.config_values import amqp_nodes, several_hosts
 from tests import cluster
 from tests.chaos import cluster as chaos_cluster
+from tests.faults import PgCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -806,9 +808,7 @@ def test_k8s_database_url_is_two_hosts_read_write() -> None:
     assert url.path == "/" + postgres["spec"]["bootstrap"]["initdb"]["database"]
     assert parse_qs(url.query) == {"target_session_attrs": ["read-write"]}
     assert several_hosts(dsn)
-    measured = cluster.PgPair(
-        cluster.faults.PgCluster("15", "a", 1), cluster.faults.PgCluster("15", "b", 2)
-    ).database_url()
+    measured = cluster.PgPair(PgCluster("15", "a", 1), PgCluster("15", "b", 2)).database_url()
     assert urlsplit(measured).query == url.query
     assert settings_from(k8s_env()).database_url == dsn
 
@@ -915,3 +915,21 @@ def test_every_service_runs_two_copies_on_two_nodes_with_a_pdb() -> None:
         assert spread["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"], name
         # A stopping copy finishes what it took (the rolling-restart round: no 5xx).
         assert pod["terminationGracePeriodSeconds"] >= 30, name
+
+
+def test_compose_stays_the_single_node_dev_stack_and_the_docs_say_so() -> None:
+    """docs/high-availability.md decides it: compose is one Docker host (one failure domain),
+    the measured HA stack is `make cluster-up`, the deployed one deploy/k8s."""
+    services = compose()["services"]
+    images = [str(s.get("image", "")) for s in services.values()]
+    assert len([i for i in images if i.startswith("rabbitmq:")]) == 1
+    assert len([i for i in images if i.startswith("postgres:")]) == 1
+    assert "docs/high-availability.md" in COMPOSE.read_text()
+    text = HA_DOC.read_text()
+    section = text.split("\n## Running it highly available\n", 1)[1].split("\n## ", 1)[0]
+    for needed in (
+        "make cluster-up", "export AMQP_URL=", "export DATABASE_URL=",
+        "payhooks run all --replicas 2", "make chaos-cluster", "make cluster-down",
+        "deploy/k8s", "docker-compose.yml",
+    ):  # fmt: skip
+        assert needed in section, needed
