@@ -6,7 +6,12 @@ healthchecks are wired. Kubernetes: every manifest parses; core kinds validate a
 Kubernetes JSON schemas bundled with `kubernetes-validate` (offline, strict); the operators'
 custom resources are checked for structure; Deployments run real CLI services and probe the
 port their settings give them; ConfigMap and Secret only hold variables the settings know; the
-PrometheusRule holds exactly the rules of deploy/prometheus/alerts.yml.
+PrometheusRule holds exactly the rules of deploy/prometheus/alerts.yml. High availability: k8s
+runs the settings `make chaos-cluster` measured (tests/cluster.py, tests/chaos/cluster.py): a
+broker list of every RabbitMQ node, a two-host DSN with target_session_attrs=read-write, quorum
+queues led from every node, synchronous commit that waits rather than goes on unreplicated, two
+or more copies of every service spread over nodes, a PodDisruptionBudget for each; compose stays
+the single-node dev stack (docs/high-availability.md says why).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections import Counter
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
 import pytest
@@ -30,7 +35,12 @@ import yaml
 
 from services.cli.main import _parser
 from services.cli.registry import SERVICES
+from shared.amqp.topology import build_topology
 from shared.config import Settings
+from shared.config_values import amqp_nodes, several_hosts
+from tests import cluster
+from tests.chaos import cluster as chaos_cluster
+from tests.faults import PgCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -43,6 +53,7 @@ K8S = ROOT / "deploy" / "k8s"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 CONFIG_SOURCE = ROOT / "shared" / "config.py"
 RABBITMQ_LIMITS_DOC = ROOT / "docs" / "rabbitmq-limits.md"
+HA_DOC = ROOT / "docs" / "high-availability.md"
 
 KUBERNETES_VERSION = "1.33.0"  # a recent release; its schemas ship with kubernetes-validate
 IMAGE = "payhooks:0.1.0"
@@ -584,9 +595,8 @@ def test_custom_resources_have_the_expected_structure() -> None:
     assert postgres["spec"]["instances"] == 3
     assert postgres["spec"]["bootstrap"]["initdb"] == {"database": "payhooks", "owner": "payhooks"}
     assert {"storage", "resources", "postgresql"} <= set(postgres["spec"])
-    # The DATABASE_URL placeholder points at the Cluster's read-write Service and database.
-    assert f"@{postgres['metadata']['name']}-rw:5432/payhooks" in k8s_env()["DATABASE_URL"]
-    assert f"@{rabbit['metadata']['name']}:5672/" in k8s_env()["AMQP_URL"]
+    # DATABASE_URL and AMQP_URL name the Cluster's Services and the RabbitmqCluster's nodes:
+    # test_k8s_database_url_is_two_hosts_read_write, test_k8s_amqp_url_lists_every_node.
 
     services = of_kind("Service")
     for monitor in of_kind("ServiceMonitor").values():
@@ -710,8 +720,10 @@ def test_services_pdbs_and_hpas() -> None:
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
 
     pdbs = of_kind("PodDisruptionBudget")
-    assert set(pdbs) == set(deployments)
-    for name, pdb in pdbs.items():
+    (rabbit,) = of_kind("RabbitmqCluster")
+    assert set(pdbs) == set(deployments) | {rabbit}  # CloudNativePG makes its own
+    for name in deployments:
+        pdb = pdbs[name]
         labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
         assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
@@ -755,3 +767,169 @@ def test_configmap_and_secret_hold_known_settings_only() -> None:
     # Every service starts with these (its REQUIRED_ENV set, every value well-formed).
     for name in SERVICES:
         settings_from(k8s_env(), name)
+
+
+# ---------------------------------------------------------------------------------------------
+# High availability: what `make chaos-cluster` measured (tests/cluster.py, tests/chaos/cluster.py,
+# docs/high-availability.md), in deploy/k8s
+
+
+def rabbitmq_config() -> dict[str, str]:
+    """The RabbitmqCluster's additionalConfig as key = value pairs (comments left out)."""
+    (rabbit,) = of_kind("RabbitmqCluster").values()
+    pairs = {}
+    for line in rabbit["spec"]["rabbitmq"]["additionalConfig"].splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def alert_expression(name: str) -> str:
+    (rule,) = [
+        rule
+        for group in yaml.safe_load(ALERTS.read_text())["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == name
+    ]
+    return str(rule["expr"])
+
+
+def test_k8s_database_url_is_two_hosts_read_write() -> None:
+    """As the one-box stack's: several hosts, only the one taking writes used (each pool then
+    checks once a second that its server still does). Here the Cluster's read-write Service
+    first, its every-instance Service second."""
+    (postgres,) = of_kind("Cluster").values()
+    name = postgres["metadata"]["name"]
+    dsn = k8s_env()["DATABASE_URL"]
+    url = urlsplit(dsn)
+    assert url.netloc.rpartition("@")[2].split(",") == [f"{name}-rw:5432", f"{name}-r:5432"]
+    assert url.path == "/" + postgres["spec"]["bootstrap"]["initdb"]["database"]
+    assert parse_qs(url.query) == {"target_session_attrs": ["read-write"]}
+    assert several_hosts(dsn)
+    measured = cluster.PgPair(PgCluster("15", "a", 1), PgCluster("15", "b", 2)).database_url()
+    assert urlsplit(measured).query == url.query
+    assert settings_from(k8s_env()).database_url == dsn
+
+
+def test_k8s_amqp_url_lists_every_node() -> None:
+    """A broker list, tried in turn on connect and reconnect: every pod of the RabbitmqCluster
+    by its name under the operator's headless Service, as the one-box stack lists its nodes."""
+    (rabbit,) = of_kind("RabbitmqCluster").values()
+    name = rabbit["metadata"]["name"]
+    nodes = amqp_nodes(k8s_env()["AMQP_URL"])
+    hosts = [urlsplit(node).hostname for node in nodes]
+    assert hosts == [f"{name}-server-{i}.{name}-nodes" for i in range(rabbit["spec"]["replicas"])]
+    assert {urlsplit(node).port for node in nodes} == {5672}
+    assert {urlsplit(node).path for node in nodes} == {"/"}
+    assert len({(urlsplit(n).username, urlsplit(n).password) for n in nodes}) == 1
+    assert settings_from(k8s_env()).amqp_url == k8s_env()["AMQP_URL"]
+
+
+def test_rabbitmq_cluster_runs_quorum_queues_on_three_nodes_as_measured() -> None:
+    (rabbit,) = of_kind("RabbitmqCluster").values()
+    assert rabbit["spec"]["replicas"] == cluster.NODES == 3
+    config = rabbitmq_config()
+    # Leaders spread over the nodes, as on the one-box nodes (tests/cluster.py writes it).
+    assert config["queue_leader_locator"] == "balanced"
+    assert "queue_leader_locator = balanced" in Path(cluster.__file__).read_text()
+    assert config["cluster_partition_handling"] == "pause_minority"
+    # Every payhooks queue a quorum queue with no group size: a member on each of the 3 nodes.
+    settings = settings_from(k8s_env())
+    topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
+    assert topology.queues
+    for spec in topology.queues:
+        assert spec.arguments.get("x-queue-type") == "quorum", spec.name
+        assert "x-quorum-initial-group-size" not in spec.arguments, spec.name
+    assert not any(key.startswith("quorum_queue.") for key in config), "no group size set"
+    # PayhooksQuorumQueueReplicasOffline counts members against the nodes there are.
+    assert alert_expression("PayhooksQuorumQueueReplicasOffline").endswith(
+        f"< {rabbit['spec']['replicas']}"
+    )
+    # One node per Kubernetes node; a drain takes one at a time (a majority stays).
+    (term,) = rabbit["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    pods = {"app.kubernetes.io/name": rabbit["metadata"]["name"]}
+    assert term["labelSelector"]["matchLabels"] == pods
+    pdb = of_kind("PodDisruptionBudget")[rabbit["metadata"]["name"]]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": pods}}
+
+
+def test_cloudnativepg_commits_synchronously_as_measured() -> None:
+    """A commit is on the primary and a standby before it returns (synchronous_commit as the
+    one-box stack's), and with no standby streaming commits wait, as they did in
+    make chaos-cluster's standby-stop round, instead of going on unreplicated."""
+    (postgres,) = of_kind("Cluster").values()
+    spec = postgres["spec"]
+    standbys = spec["instances"] - 1
+    assert standbys >= 1
+    assert spec["postgresql"]["synchronous"] == {
+        "method": "any", "number": 1, "dataDurability": "required",
+    }  # fmt: skip
+    assert spec["postgresql"]["synchronous"]["number"] <= standbys
+    # The legacy fields drop to asynchronous commit when no standby is left (and CloudNativePG
+    # refuses them beside `synchronous`).
+    assert not {"minSyncReplicas", "maxSyncReplicas"} & set(spec)
+    parameters = spec["postgresql"]["parameters"]
+    assert parameters["synchronous_commit"] == cluster.SYNCHRONOUS_COMMIT == "on"
+    assert "synchronous_standby_names" not in parameters  # the operator's
+    # Every instance on its own node; the operator's PDBs kept.
+    assert spec["affinity"] == {
+        "enablePodAntiAffinity": True,
+        "topologyKey": "kubernetes.io/hostname",
+        "podAntiAffinityType": "required",
+    }
+    assert spec.get("enablePDB", True) is True
+    # The standby alerts count the standbys there are.
+    assert (
+        alert_expression("PayhooksPostgresStandbyNotStreaming").rstrip().endswith(f"< {standbys}")
+    )
+    assert alert_expression("PayhooksPostgresNoStandbyStreaming").rstrip().endswith("< 1")
+
+
+def test_every_service_runs_two_copies_on_two_nodes_with_a_pdb() -> None:
+    """`payhooks run all --replicas 2` as Deployments: at least the copies chaos-cluster ran,
+    spread over nodes, a PDB that leaves one running, a rollout that adds before it removes."""
+    assert chaos_cluster.REPLICAS == 2
+    deployments = of_kind("Deployment")
+    hpas = {
+        h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind("HorizontalPodAutoscaler").values()
+    }
+    pdbs = of_kind("PodDisruptionBudget")
+    for name, deployment in deployments.items():
+        spec = deployment["spec"]
+        fewest = hpas[name]["spec"]["minReplicas"] if name in hpas else spec["replicas"]
+        assert fewest >= chaos_cluster.REPLICAS, name
+        assert pdbs[name]["spec"]["maxUnavailable"] == 1, name
+        assert "minAvailable" not in pdbs[name]["spec"], name
+        assert spec["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}, name
+        pod = spec["template"]["spec"]
+        (spread,) = pod["topologySpreadConstraints"]
+        assert spread["topologyKey"] == "kubernetes.io/hostname", name
+        assert spread["maxSkew"] == 1, name
+        assert spread["whenUnsatisfiable"] == "DoNotSchedule", name  # not merely preferred
+        assert spread["nodeTaintsPolicy"] == "Honor", name  # cordoned nodes don't count
+        assert spread["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"], name
+        # A stopping copy finishes what it took (the rolling-restart round: no 5xx).
+        assert pod["terminationGracePeriodSeconds"] >= 30, name
+
+
+def test_compose_stays_the_single_node_dev_stack_and_the_docs_say_so() -> None:
+    """docs/high-availability.md decides it: compose is one Docker host (one failure domain),
+    the measured HA stack is `make cluster-up`, the deployed one deploy/k8s."""
+    services = compose()["services"]
+    images = [str(s.get("image", "")) for s in services.values()]
+    assert len([i for i in images if i.startswith("rabbitmq:")]) == 1
+    assert len([i for i in images if i.startswith("postgres:")]) == 1
+    assert "docs/high-availability.md" in COMPOSE.read_text()
+    text = HA_DOC.read_text()
+    section = text.split("\n## Running it highly available\n", 1)[1].split("\n## ", 1)[0]
+    for needed in (
+        "make cluster-up", "export AMQP_URL=", "export DATABASE_URL=",
+        "payhooks run all --replicas 2", "make chaos-cluster", "make cluster-down",
+        "deploy/k8s", "docker-compose.yml",
+    ):  # fmt: skip
+        assert needed in section, needed
