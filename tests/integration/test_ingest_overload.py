@@ -205,7 +205,11 @@ async def test_a_burst_beyond_the_predicted_wait_is_refused_after_its_first_succ
     attempts = Counter(code for r in records for code in r.http_statuses)
     assert attempts[503] > 500, attempts  # the rule refused, on the first attempt
     assert set(attempts) == {200, 503}, attempts
-    assert len(deliverer.releases) == 1, (deliverer.releases, first)  # never reopened
+    # Reopened at most once: with refusals answered at once it reopened 7 times
+    # (docs/ingest-burst.md). Once is what a starved machine can cost: when the client and
+    # ingest share one event loop on 2 busy cores, the burst's few admitted 200s can come
+    # after 2 s, behind the first held refusals (seen when the suite ran beside make chaos).
+    assert len(deliverer.releases) <= 2, (deliverer.releases, first)
     assert {r.result for r in records} == {Result.DELIVERED}
     metrics = await (await client.get("/metrics")).text()
     assert (
