@@ -352,12 +352,13 @@ def render(results: list[RoundResult]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+def round_arguments(
+    prog: str, description: str | None, rounds: list[str], out: str
+) -> argparse.ArgumentParser:
+    """The arguments every chaos harness takes (`make chaos`, `make chaos-cluster`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
-        "--rounds",
-        default="all",
-        help=f"comma-separated, default all: {','.join(f.name for f in FAULTS)}",
+        "--rounds", default="all", help=f"comma-separated, default all: {','.join(rounds)}"
     )
     parser.add_argument("--payments", type=int, default=300)
     parser.add_argument("--rate", type=float, default=20.0, help="deliveries started per second")
@@ -366,7 +367,14 @@ def main(argv: list[str] | None = None) -> int:
         "--settle", type=float, default=240.0, help="seconds after the fault for all to be right"
     )
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=Path("chaos-out"))
+    parser.add_argument("--out", type=Path, default=Path(out))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = round_arguments(
+        "python -m tests.chaos", __doc__, [f.name for f in FAULTS], "chaos-out"
+    )
     args = parser.parse_args(argv)
     configure_logging("WARNING")  # the harness's own migrate and clients: problems only
     names = [f.name for f in FAULTS] if args.rounds == "all" else args.rounds.split(",")

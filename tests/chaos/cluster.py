@@ -30,7 +30,7 @@ from bench.processes import ports_for
 from services.cli.run_all import REPLICA_PORT_STEP
 from shared.process.logs import configure_logging
 from tests import cluster, dlx_guard, faults
-from tests.chaos.__main__ import RoundResult, render, run_on
+from tests.chaos.__main__ import RoundResult, render, round_arguments, run_on
 from tests.chaos.stack import RETRY_DELAYS, SERVICES, Stack
 from tests.proxy import TcpProxy
 
@@ -125,23 +125,6 @@ class ClusterStack(Stack):
         ]
         statuses = await asyncio.gather(*(one(port) for _, port in names))
         return {name: status for (name, _), status in zip(names, statuses, strict=True)}
-
-    def copies(self, service: str) -> list[int]:
-        """The pids of every running copy of `service`."""
-        assert self.process is not None
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                argv = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            if parent == self.process.pid and argv[-2:] == [b"run", service.encode()]:
-                found.append(int(entry.name))
-        return sorted(found)
 
 
 def _free(port: int) -> bool:
@@ -361,20 +344,9 @@ def _run_interruptibly(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.chaos.cluster", description=__doc__)
-    parser.add_argument(
-        "--rounds",
-        default="all",
-        help=f"comma-separated, default all: {','.join(f.name for f in FAULTS)}",
+    parser = round_arguments(
+        "python -m tests.chaos.cluster", __doc__, [f.name for f in FAULTS], "chaos-cluster-out"
     )
-    parser.add_argument("--payments", type=int, default=300)
-    parser.add_argument("--rate", type=float, default=20.0, help="deliveries started per second")
-    parser.add_argument("--lead", type=float, default=8.0, help="seconds of traffic before a fault")
-    parser.add_argument(
-        "--settle", type=float, default=240.0, help="seconds after the fault for all to be right"
-    )
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=Path("chaos-cluster-out"))
     args = parser.parse_args(argv)
     configure_logging("WARNING")
     names = [f.name for f in FAULTS] if args.rounds == "all" else args.rounds.split(",")

@@ -352,9 +352,10 @@ class Stack:
                 raise RuntimeError(f"payhooks run all exited with {self.process.returncode}")
             await asyncio.sleep(0.25)
 
-    def service_pid(self, service: str) -> int:
-        """The pid of the running `payhooks run <service>` child of the supervisor."""
+    def copies(self, service: str) -> list[int]:
+        """The pids of every running `payhooks run <service>` child of the supervisor."""
         assert self.process is not None
+        found = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -365,7 +366,14 @@ class Stack:
                 continue
             parent = int(stat.rsplit(")", 1)[1].split()[1])
             if parent == self.process.pid and argv[-2:] == [b"run", service.encode()]:
-                return int(entry.name)
+                found.append(int(entry.name))
+        return sorted(found)
+
+    def service_pid(self, service: str) -> int:
+        """The pid of the running `payhooks run <service>` child of the supervisor (its
+        first copy)."""
+        if found := self.copies(service):
+            return found[0]
         raise LookupError(f"no running {service} process")
 
     async def monitored_consumers(self) -> dict[str, float]:
