@@ -95,7 +95,9 @@ def worker_ctx(
         )
 
         async def consumer() -> bool:
-            return await worker.consuming()
+            # Paused is not ready from the moment it is decided, not only once the consumer
+            # is cancelled (a /readyz between the two answered 200 with a pause in its body).
+            return not worker.pause.is_paused and await worker.consuming()
 
         def paused() -> dict[str, object]:
             return {"paused": pauses} if (pauses := worker.pause.describe()) else {}
