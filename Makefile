@@ -76,7 +76,7 @@ lint: install
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 
 bench: migrate
 	$(PY) -m bench.ingest
