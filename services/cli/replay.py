@@ -124,5 +124,5 @@ def _print(done: Plan) -> None:
     if done.more:
         print(
             f"more events match: this run took the oldest {len(done.event_ids)};"
-            " go on with --since at the last one's time"
+            f" go on with --since {done.as_json()['last_received_at']}"
         )

@@ -96,6 +96,7 @@ class Plan:
     replay_id: str
     event_ids: list[str]  # the selected inbox events, oldest first
     more: bool  # a limit cut the selection short
+    last_received_at: dt.datetime | None  # of the newest event taken: where a next run goes on
     workers: dict[str, WorkerPlan]
     no_route: dict[str, int]  # selected events no chosen worker takes today, by type
     dry_run: bool = True
@@ -111,6 +112,9 @@ class Plan:
             "workers_chosen": list(self.request.workers),
             "events": len(self.event_ids),
             "more": self.more,
+            "last_received_at": None
+            if self.last_received_at is None
+            else self.last_received_at.isoformat(),
             "workers": {name: plan.as_json() for name, plan in self.workers.items()},
             "no_route": self.no_route,
         }
@@ -189,7 +193,9 @@ async def plan(db: Executor, request: ReplayRequest) -> Plan:
     workers = {
         w: p for w, p in workers.items() if p.messages or p.not_stored or w in request.workers
     }
-    return Plan(request, replay_id, [r["event_id"] for r in rows], more, workers, dict(no_route))
+    last = rows[-1]["received_at"] if rows else None
+    event_ids = [r["event_id"] for r in rows]
+    return Plan(request, replay_id, event_ids, more, last, workers, dict(no_route))
 
 
 async def _add_transitions(

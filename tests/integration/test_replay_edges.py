@@ -150,7 +150,10 @@ async def test_not_json_too_large_and_the_shops_token_are_refused(
         "/api/replay", json={"payment_id": payment_id, "limit": 2, "dry_run": True}, headers=ANN
     )
     assert limited.status == 200
-    assert (await limited.json())["more"] is True
+    cut = await documented(limited, "POST", "/api/replay")
+    assert cut["more"] is True
+    assert cut["events"] == 2
+    assert cut["last_received_at"] is not None
 
 
 def console_counts(page: str) -> dict[str, list[int]]:

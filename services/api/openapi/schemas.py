@@ -366,6 +366,10 @@ SCHEMAS: dict[str, Schema] = {
             "workers_chosen": list_of(STR),
             "events": {**INT, "description": "stored events selected"},
             "more": {"type": "boolean", "description": "a limit left newer events out"},
+            "last_received_at": {
+                **nullable(TIME),
+                "description": "of the newest event taken: `since` of the next run",
+            },
             "workers": {
                 "type": "object",
                 "additionalProperties": object_of(
