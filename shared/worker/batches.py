@@ -18,7 +18,9 @@ from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import Dependency
 from shared.outages import outage_of
 from shared.queries import processed as processed_sql
-from shared.vocabulary import REPROCESS
+from shared.vocabulary import REPLAY, REPROCESS
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,8 @@ async def _attempt(
                     continue
                 again.add(message_id)
             step = Step(i, conn, key=keys[i])
+            if message_id in again:
+                step.after_commit(_reprocessed(marks, deliveries[i]))
             try:
                 if without is None:
                     with about_payment(step.key):
@@ -257,6 +261,19 @@ def reprocessing(delivery: Delivery) -> bool:
     credentials can set; never anything in the body (shared/ops/replay.py)."""
     value = delivery.headers.get(REPROCESS)
     return isinstance(value, str | bytes) and len(value) > 0
+
+
+def _reprocessed(worker: str | None, delivery: Delivery) -> Callable[[], None]:
+    def logged() -> None:
+        replay = delivery.headers.get(REPLAY)
+        log.info(
+            "message.reprocessed",
+            worker=worker,
+            message_id=delivery.message_id,
+            replay=replay.decode() if isinstance(replay, bytes) else replay,
+        )
+
+    return logged
 
 
 def keys_of(deliveries: Sequence[Delivery], sort_key: Callable[[Delivery], str]) -> list[str]:

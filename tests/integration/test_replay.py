@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 from aio_pika.abc import AbstractChannel
+from structlog.testing import capture_logs
 
 from shared.amqp import topology as topology_module
 from shared.amqp.topology import Topology
@@ -231,13 +232,20 @@ async def test_reprocess_applies_what_was_marked_without_effect_and_never_sends_
         "published": 0,
     }
     mark = {q: outcomes(system, q) for q in LABEL}
-    fixed = await replay(cli, "--payment-id", acked, "--reprocess", "--reason", "deploy 41 acked")
-    assert counts(fixed, "published") == {"orders": 1}
-    await eventually(
-        lambda: _finished_since(system, mark),
-        lambda f: f == {q: {"ok": 1} for q in LABEL},
-        timeout_s=20,
-    )
+    with capture_logs() as logs:
+        fixed = await replay(
+            cli, "--payment-id", acked, "--reprocess", "--reason", "deploy 41 acked"
+        )
+        assert counts(fixed, "published") == {"orders": 1}
+        await eventually(
+            lambda: _finished_since(system, mark),
+            lambda f: f == {q: {"ok": 1} for q in LABEL},
+            timeout_s=20,
+        )
+    reprocessed = [e for e in logs if e["event"] == "message.reprocessed"]
+    assert [(e["worker"], e["message_id"], e["replay"]) for e in reprocessed] == [
+        ("orders", lost, fixed["replay_id"])
+    ]
     assert await effects(db, acked) == {
         "status": "PAID",
         "bonus": 500,
