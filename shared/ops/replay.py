@@ -34,6 +34,7 @@ from shared.ops.replay_selection import (
     outcome_matches,
     takes,
 )
+from shared.queries import inbox as inbox_sql
 from shared.queries import processed as processed_sql
 from shared.queries import replay as replay_sql
 from shared.vocabulary import EMAIL_FOR_TRANSITION, REPLAY, REPROCESS
@@ -136,7 +137,9 @@ async def select(db: Executor, request: ReplayRequest) -> tuple[list[Any], bool]
     after: replay_sql.After | None = None
     scanned = 0
     while True:
-        rows = await replay_sql.inbox_after(db, request.where, after, _CHUNK)
+        # Planned for the values each time (a rare type's own index), as the event listing is.
+        async with inbox_sql.planned_for_values(db) as conn:
+            rows = await replay_sql.inbox_after(conn, request.where, after, _CHUNK)
         scanned += len(rows)
         for row in rows:
             if not outcome_matches(request.outcome, row):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shared.amqp.topology import WORK_QUEUES, queues_for
@@ -15,6 +15,7 @@ from shared.ops.inbox_view import OUTCOME_FILTERS, UNPUBLISHED, outcome_of
 from shared.ops.order_input import text_problem
 from shared.queries.inbox import storable_text
 from shared.queries.replay import InboxWhere
+from shared.xhub import PROVIDER
 
 WORKERS = WORK_QUEUES  # orders, bonuses, emails: the names `--worker` takes
 # The most events one run replays: beyond it, narrow the selection or take the oldest with
@@ -94,6 +95,9 @@ class ReplayRequest:
             until=_time("until", until),
             event_ids=tuple(dict.fromkeys(_text("event_ids", i) or "" for i in event_ids)),
         )
+        if where.event_ids and where.provider is None:
+            # Event ids are unique per provider (the index that finds them starts with it).
+            where = replace(where, provider=PROVIDER)
         if len(where.event_ids) > MAX_IDS:
             raise ReplayInputError("event_ids", f"must be at most {MAX_IDS}")
         if where.since is not None and where.until is not None and where.since > where.until:
