@@ -15,6 +15,7 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
+from services.cli import replay as cli_replay
 from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.ops import replay as replay_module
@@ -228,6 +229,14 @@ async def test_cli_exit_codes_follow_the_runbook(cli: dict[str, str], db: Any) -
     bad_time = await run_payhooks(cli, "replay", "--since", "yesterday")
     assert bad_time.code == 2
     assert "--since" in bad_time.err
+    payment_id = new_id("pay")
+    await store_events(db, 2, payment_id=payment_id)
+    human = await run_payhooks(cli, "replay", "--payment-id", payment_id, "--dry-run")
+    assert human.code == 0, human.err
+    lines = human.out.splitlines()
+    assert "(dry run, nothing sent): 2 event(s) selected" in lines[0]
+    assert lines[1].split() == [c.upper() for c in cli_replay.COLUMNS]
+    assert lines[2].split() == ["orders", "2", "0", "0", "0", "0"]
     unreachable = await run_payhooks(
         {**cli, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/payhooks"},
         "replay",
