@@ -27,6 +27,8 @@ PROBLEMS: dict[str, str] = {
     "internal_error": "Internal error",
     "unavailable": "A dependency is unavailable",
     "dlq_busy": "Another reader holds the DLQ",
+    "replay_too_large": "The replay selects more events than one run replays",
+    "replay_unroutable": "A replayed message could not be queued",
     # Any other HTTP error aiohttp raises: nothing beyond its status, so type about:blank.
     "http_error": "",
 }

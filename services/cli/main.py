@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from dotenv import load_dotenv
 
-from services.cli import audit, commands, events, migrations, run_all, send
+from services.cli import audit, commands, events, migrations, replay, run_all, send
 from services.cli.registry import SERVICES
 from services.sim import run as sim_run
 from shared.config import ConfigError, Settings
@@ -130,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     unrouted_show.add_argument("--limit", type=_positive, default=20, help="list N (default 20)")
     unrouted_show.add_argument("--json", action="store_true")
     unrouted_show.set_defaults(handler=commands.unrouted_show)
+
+    replay.add_arguments(
+        subcommands.add_parser(
+            "replay", help="send stored inbox events again to chosen workers (--dry-run first)"
+        )
+    )
 
     audit.add_arguments(
         subcommands.add_parser("audit", help="operator actions, newest first: who did what"),

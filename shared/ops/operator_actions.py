@@ -18,6 +18,8 @@ from shared.ops import dlq, dlq_lock
 from shared.ops.connections import UnreachableError
 from shared.ops.dlq_moves import Progress, Selection, purge, requeue
 from shared.ops.order_input import order_json
+from shared.ops.replay import Plan, ReplayPublishError, plan, publish
+from shared.ops.replay_selection import ReplayRequest
 from shared.queries import audit
 from shared.queries import orders as orders_sql
 from shared.queries.orders import NewOrder
@@ -155,3 +157,46 @@ async def dead_letters_or_reason(
     except (UnavailableError, UnreachableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
         return [], str(e)
     return letters, None
+
+
+async def replay_recorded(
+    db: Executor,
+    channel: Callable[[], AbstractAsyncContextManager[AbstractChannel]],
+    topology: Topology,
+    request: ReplayRequest,
+    by: Operator,
+    trail: Trail,
+    *,
+    dry_run: bool,
+) -> Plan:
+    """Replay stored events (shared/ops/replay.py) and record it: the selection, the workers,
+    reprocess and its reason, the counts per worker, the event ids. A dry run counts and
+    moves nothing (no record). A publish that fails half-way is recorded with what was
+    published before it, then raised (ReplayPublishError)."""
+    planned = await plan(db, request)
+    planned.dry_run = dry_run
+    if dry_run:
+        return planned
+    try:
+        async with channel() as opened:  # only a real run needs RabbitMQ
+            await publish(opened, topology, planned)
+    except ReplayPublishError:
+        await _record(trail, _replayed(planned, by, partial=True))
+        raise
+    await _record(trail, _replayed(planned, by, partial=False))
+    return planned
+
+
+def _replayed(planned: Plan, by: Operator, *, partial: bool) -> audit.Action:
+    what = {
+        **planned.request.as_json(),
+        "replay_id": planned.replay_id,
+        "workers": {w: p.as_json() for w, p in planned.workers.items()},
+        "reprocess": planned.request.reprocess,
+        "reason": planned.request.reason,
+        "no_route": planned.no_route,
+    } | ({"partial": True} if partial else {})
+    target = ",".join(planned.workers) or "-"
+    return audit.Action(
+        by.name, by.edge.value, audit.REPLAY, target, planned.event_ids, planned.published, what
+    )

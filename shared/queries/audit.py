@@ -18,6 +18,7 @@ log = structlog.get_logger(__name__)
 REQUEUE = "dlq.requeue"
 PURGE = "dlq.purge"
 ORDER_REGISTER = "order.register"
+REPLAY = "event.replay"
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 
