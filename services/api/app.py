@@ -17,6 +17,7 @@ from services.api import (
     monitor,
     openapi,
     order_routes,
+    resolve_routes,
 )
 from services.api.auth import admin_auth
 from services.api.console import PREFIX as CONSOLE
@@ -114,6 +115,8 @@ def create_app(
     app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)
     app.router.add_get("/api/unrouted", dlq_routes.show_unrouted)
     app.router.add_get("/api/audit", audit_routes.list_actions)
+    app.router.add_post("/api/payments/{payment_id:[^/]+}/resolve", resolve_routes.resolve_order)
+    app.router.add_get("/api/missing", resolve_routes.get_missing)
     app.router.add_get(openapi.PATH, openapi_document)
     app.router.add_get(CONSOLE, to_console)
     app.add_subapp(CONSOLE, console_app(settings.admin_tokens))

@@ -27,6 +27,10 @@ PROBLEMS: dict[str, str] = {
     "internal_error": "Internal error",
     "unavailable": "A dependency is unavailable",
     "dlq_busy": "Another reader holds the DLQ",
+    "invalid_resolution": "The resolution is not valid",
+    "resolve_in_flight": "A provider event of the payment is still being processed",
+    "resolve_forbidden": "The order machine forbids this move without force",
+    "resolve_no_change": "The order is in that status already",
     # Any other HTTP error aiohttp raises: nothing beyond its status, so type about:blank.
     "http_error": "",
 }

@@ -18,6 +18,7 @@ log = structlog.get_logger(__name__)
 REQUEUE = "dlq.requeue"
 PURGE = "dlq.purge"
 ORDER_REGISTER = "order.register"
+ORDER_RESOLVE = "order.resolve"
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 
@@ -60,6 +61,22 @@ async def record(conn: Executor, action: Action) -> bool:
         not_recorded(action, e)
         return False
     return True
+
+
+async def record_in_transaction(conn: Executor, action: Action) -> None:
+    """Insert the action in the caller's transaction: an action that must not stand
+    unrecorded (a resolution of an order) fails with its audit row."""
+    await conn.execute(
+        "INSERT INTO operator_actions (actor, source, action, target, filter, ids, count)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        action.actor,
+        action.source,
+        action.action,
+        action.target,
+        dict(action.filter),
+        list(action.ids),
+        action.count,
+    )
 
 
 def not_recorded(action: Action, error: BaseException) -> None:

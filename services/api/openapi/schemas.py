@@ -44,6 +44,14 @@ SCHEMAS: dict[str, Schema] = {
                 "additionalProperties": STR,
                 "description": "invalid_order: one message per bad field",
             },
+            "in_flight": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"event_id": STR, "event": STR, "where": STR},
+                },
+                "description": "resolve_in_flight: the payment's events not yet processed",
+            },
         },
         "additionalProperties": False,
     },
@@ -117,7 +125,19 @@ SCHEMAS: dict[str, Schema] = {
                 )
             ),
             "transitions": list_of(
-                object_of({"id": INT, "from": STR, "to": STR, "event_id": STR, "at": TIME})
+                object_of(
+                    {
+                        "id": INT,
+                        "from": STR,
+                        "to": STR,
+                        "event_id": STR,
+                        "at": TIME,
+                        "source": {"enum": ["event", "operator"]},
+                        "actor": nullable(STR),
+                        "forced": {"type": "boolean"},
+                        "reason": nullable(STR),
+                    }
+                )
             ),
             "bonus": list_of(
                 object_of(
