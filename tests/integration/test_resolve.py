@@ -158,7 +158,7 @@ async def _async(value: Any) -> Any:
 
 
 async def test_a_forbidden_move_is_refused_without_force_and_done_with_it_shown_as_forced(
-    system: System, api: TestClient, db: Any, smtp: tuple[SmtpSink, int]
+    system: System, api: TestClient, cli: dict[str, str], db: Any, smtp: tuple[SmtpSink, int]
 ) -> None:
     payment_id = new_id("pay")
     await register(db, payment_id)
@@ -206,6 +206,15 @@ async def test_a_forbidden_move_is_refused_without_force_and_done_with_it_shown_
         ("api", False),
         ("api", True),
     ]
+    shown = await run_payhooks(cli, "payment", "show", payment_id)
+    [forced_row] = [line for line in shown.out.splitlines() if "fraud" in line]
+    assert "operator" in forced_row
+    assert "True" in forced_row
+    refused_cli = await run_payhooks(
+        cli, "order", "resolve", payment_id, "--to", "PENDING", "--reason", "reopen"
+    )
+    assert refused_cli.code == 4
+    assert "never moves CANCELLED to PENDING" in refused_cli.err
     again = await api.post(
         url, json={"to": "CANCELLED", "reason": "again", "force": True}, headers=ANN
     )
