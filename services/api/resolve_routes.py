@@ -11,14 +11,8 @@ from services.api.dlq_access import DLQ_ACCESS
 from services.api.responses import json_response, problem
 from shared.db import DB_POOL
 from shared.ops import missing
-from shared.ops.operator_actions import (
-    Edge,
-    InFlightError,
-    Operator,
-    PaymentNotFoundError,
-    orders_dead_letters,
-    resolve_order_recorded,
-)
+from shared.ops.operator_actions import Edge, Operator, resolve_order_recorded
+from shared.ops.order_resolution import InFlightError, PaymentNotFoundError, orders_dead_letters
 from shared.process.http_limits import read_body
 from shared.resolution import ResolveInputError, ResolveRefusedError, parse_request
 

@@ -18,14 +18,8 @@ from shared.errors import EXIT_BUSY, EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_
 from shared.ops import missing
 from shared.ops.connections import broker, database
 from shared.ops.console import table
-from shared.ops.operator_actions import (
-    Edge,
-    InFlightError,
-    Operator,
-    PaymentNotFoundError,
-    orders_dead_letters,
-    resolve_order_recorded,
-)
+from shared.ops.operator_actions import Edge, Operator, resolve_order_recorded
+from shared.ops.order_resolution import InFlightError, PaymentNotFoundError, orders_dead_letters
 from shared.queries import audit
 from shared.resolution import ResolveInputError, ResolveRefusedError, parse_request
 from shared.vocabulary import OrderStatus

@@ -15,14 +15,12 @@ from shared.db import DB_POOL
 from shared.ops import missing
 from shared.ops.operator_actions import (
     Edge,
-    InFlightError,
     Operator,
-    PaymentNotFoundError,
     dead_letters_or_reason,
-    orders_dead_letters,
     resolve_order_recorded,
 )
 from shared.ops.order_input import text_problem
+from shared.ops.order_resolution import InFlightError, PaymentNotFoundError, orders_dead_letters
 from shared.ops.payment_view import payment_view
 from shared.resolution import ResolveInputError, ResolveRefusedError, parse_request
 
