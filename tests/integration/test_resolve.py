@@ -9,11 +9,13 @@ Real PostgreSQL, RabbitMQ and an aiosmtpd server; the services run as their own 
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import os
 import re
 from typing import Any
 
+import asyncpg
 import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
@@ -363,3 +365,42 @@ async def test_the_console_resolves_through_its_form_and_shows_a_forced_move(
     ]
     audit_page = await (await api.get("/console/audit")).text()
     assert "order.resolve" in audit_page
+
+
+async def test_a_resolve_waits_for_the_payment_lock_the_orders_worker_takes(
+    api: TestClient, db: Any, migrated_database: str
+) -> None:
+    payment_id = new_id("pay")
+    await register(db, payment_id)
+    holder = await asyncpg.connect(migrated_database)
+    try:
+        # What the orders worker holds while it applies a batch of this payment's events.
+        transaction = holder.transaction()
+        await transaction.start()
+        await parked_sql.lock_payments(holder, [payment_id])
+        resolving = asyncio.create_task(
+            api.post(
+                f"/api/payments/{payment_id}/resolve",
+                json={"to": "PAID", "reason": "bank says paid"},
+                headers=ANN,
+            )
+        )
+        await eventually(lambda: _advisory_waiters(db), lambda n: n == 1)
+        assert not resolving.done()
+        assert (await effects(db, payment_id))["status"] == "PENDING"
+        await transaction.rollback()
+        answer = await asyncio.wait_for(resolving, 10)
+    finally:
+        await holder.close()
+    assert answer.status == 200, await answer.text()
+    assert (await effects(db, payment_id))["status"] == "PAID"
+
+
+async def _advisory_waiters(db: Any) -> int:
+    """Sessions of this database waiting for an advisory lock (the resolve, behind the one held)."""
+    return int(
+        await db.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+    )
