@@ -18,6 +18,7 @@ from services.api import (
     openapi,
     order_routes,
     replay_routes,
+    resolve_routes,
 )
 from services.api.auth import admin_auth
 from services.api.console import PREFIX as CONSOLE
@@ -116,6 +117,8 @@ def create_app(
     app.router.add_get("/api/unrouted", dlq_routes.show_unrouted)
     app.router.add_get("/api/audit", audit_routes.list_actions)
     app.router.add_post("/api/replay", replay_routes.replay)
+    app.router.add_post("/api/payments/{payment_id:[^/]+}/resolve", resolve_routes.resolve_order)
+    app.router.add_get("/api/missing", resolve_routes.get_missing)
     app.router.add_get(openapi.PATH, openapi_document)
     app.router.add_get(CONSOLE, to_console)
     app.add_subapp(CONSOLE, console_app(settings.admin_tokens))

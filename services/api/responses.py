@@ -29,6 +29,10 @@ PROBLEMS: dict[str, str] = {
     "dlq_busy": "Another reader holds the DLQ",
     "replay_too_large": "The replay selects more events than one run replays",
     "replay_unroutable": "A replayed message could not be queued",
+    "invalid_resolution": "The resolution is not valid",
+    "resolve_in_flight": "A provider event of the payment is still being processed",
+    "resolve_forbidden": "The order machine forbids this move without force",
+    "resolve_no_change": "The order is in that status already",
     # Any other HTTP error aiohttp raises: nothing beyond its status, so type about:blank.
     "http_error": "",
 }

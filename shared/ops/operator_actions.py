@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeAlias
 
+import asyncpg
 from aio_pika.abc import AbstractChannel
 
+from shared import resolution
 from shared.amqp.topology import Topology
 from shared.db import Executor
 from shared.errors import UnavailableError
-from shared.ops import dlq, dlq_lock
+from shared.ops import dlq, dlq_lock, order_resolution
 from shared.ops.connections import UnreachableError
 from shared.ops.dlq_moves import Progress, Selection, purge, requeue
 from shared.ops.order_input import order_json
@@ -200,3 +202,40 @@ def _replayed(planned: Plan, by: Operator, *, partial: bool) -> audit.Action:
     return audit.Action(
         by.name, by.edge.value, audit.REPLAY, target, planned.event_ids, planned.published, what
     )
+
+
+async def resolve_order_recorded(
+    db: Executor,
+    payment_id: str,
+    request: resolution.Request,
+    by: Operator,
+    dead_lettered: order_resolution.DeadLettered | None = None,
+) -> order_resolution.Resolved:
+    """Move the payment's order to `request.to` as the operator's transition, with its audit
+    row, in one transaction under the payment's lock (the one the orders worker takes, so a
+    provider event and a resolve never interleave). The transition goes out through the
+    outbox as any `order.*` one does, so the ledger and the emails follow it exactly as they
+    follow a provider's. Raises PaymentNotFoundError, InFlightError (an event of the payment
+    is parked, or stored and not yet processed by the orders worker; one in orders.dlq, as
+    `dead_lettered` tells, is not on its way), or resolution.ResolveRefusedError
+    (shared/ops/order_resolution.py does the work)."""
+
+    async def record(conn: Executor, resolved: order_resolution.Resolved) -> None:
+        detail = {
+            "from": resolved.from_status,
+            "to": resolved.to_status,
+            "forced": resolved.forced,
+            "reason": resolved.reason,
+        }
+        action = audit.Action(
+            by.name, by.edge.value, audit.ORDER_RESOLVE, payment_id, [resolved.event_id], 1, detail
+        )
+        await audit.record_in_transaction(conn, action)
+
+    who = (by.name, by.edge.value)
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            return await order_resolution.resolve(
+                conn, payment_id, request, who, dead_lettered, record
+            )
+    return await order_resolution.resolve(db, payment_id, request, who, dead_lettered, record)

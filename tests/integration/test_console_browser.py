@@ -6,7 +6,9 @@ ingest and the workers on real PostgreSQL and RabbitMQ:
   the order, and an operator signs in (a shop token refused), finds the payment, filters the
   orders DLQ, requeues the letter in two steps (the dry run moves nothing), sees it processed
   exactly once and the requeue in the audit trail, and signs out;
-- signing in with the keyboard alone.
+- signing in with the keyboard alone;
+- resolving an order with the payment page's form (a forbidden move refused, then forced and
+  shown as forced) and finding an undecided payment on the "Missing" page.
 
 The story saves screenshots of the main pages to build/console-screenshots/ (git-ignored);
 `CONSOLE_SCREENSHOTS=docs/screenshots` writes them over the runbook's copies instead. The
@@ -39,6 +41,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from shared.amqp.topology import Topology
 from shared.ops import dlq
+from shared.queries import orders as orders_sql
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.api_contract import running_api
@@ -86,6 +89,9 @@ PAGE_DATA = [
     "#transitions",
     "#parked",
     "#dead-letters",
+    "#resolve",
+    "#undecided",
+    "#refused",
 ]
 
 T = TypeVar("T")
@@ -140,6 +146,10 @@ class Console:
     async def click(self, locator: Locator) -> None:
         """Click a link or a submit button, and wait for the page it leads to."""
         await self._off_loop(self._and_wait, lambda: self._find(locator).click())
+
+    async def click_here(self, locator: Locator) -> None:
+        """Click something that changes this page only (a summary, a checkbox)."""
+        await self._off_loop(lambda: self._find(locator).click())
 
     async def keys(self, *keys: str) -> str:
         """Type into whatever has the focus; the focused element's id (or tag) afterwards."""
@@ -272,6 +282,7 @@ async def test_every_console_page_sends_a_browser_without_a_session_to_sign_in(
         "/console/dlq/orders",
         "/console/unrouted",
         "/console/audit",
+        "/console/missing",
         f"/console/search?q={letter.payment_id}",
         f"/console/payments/{letter.payment_id}",
     ]
@@ -512,3 +523,65 @@ async def test_an_operator_replays_stored_webhooks_with_a_dry_run_then_a_confirm
     [row] = await db.fetch("SELECT ids, count FROM operator_actions")
     assert row["count"] == 2
     assert lost_id in list(row["ids"])
+
+
+async def test_an_operator_resolves_an_order_in_the_browser_and_a_forced_move_shows(
+    browser: webdriver.Chrome,
+    aiohttp_client: Any,
+    make_settings: Any,
+    db: Any,
+    channel: AbstractChannel,
+) -> None:
+    payment_id, undecided = new_id("pay"), new_id("pay")
+    await register(db, payment_id)
+    await register(db, undecided)
+    await orders_sql.flag_undecided(db, undecided, "currency_mismatch")
+    console = Console(
+        browser, await running_api(aiohttp_client, make_settings(ADMIN_TOKENS=TOKENS))
+    )
+    await console.open("/console/")
+    await sign_in(console, "ann-token")
+
+    # The "Missing" page lists the undecided payment: what to ask X-Hub about.
+    await console.click((By.LINK_TEXT, "Missing"))
+    assert await console.path() == "/console/missing"
+    assert [row[0] for row in await console.rows("#undecided table")] == [undecided]
+
+    # PENDING -> PAID through the form: the operator's transition.
+    await console.open(f"/console/payments/{payment_id}")
+    await console.click_here("#resolve summary")
+    await console.choose("select#resolve-to", "PAID")
+    await console.type("textarea#resolve-reason", "paid per bank statement")
+    await console.click("#resolve-submit")
+    assert await console.path() == f"/console/payments/{payment_id}"
+    assert "PAID" in await console.text("#order")
+    assert [row[1:] for row in await console.rows("#transitions table")] == [
+        ["PENDING", "PAID", "operator ann: paid per bank statement"]
+    ]
+
+    # PAID -> CANCELLED: the order machine never makes it; refused without force, kept typed.
+    await console.click_here("#resolve summary")
+    await console.choose("select#resolve-to", "CANCELLED")
+    await console.type("textarea#resolve-reason", "fraud confirmed")
+    await console.click("#resolve-submit")
+    assert "never moves PAID to CANCELLED" in await console.text("#resolve-problem")
+    assert "PAID" in await console.text("#order")
+    assert await console.chosen("select#resolve-to") == "CANCELLED"
+    await console.click_here("#resolve-force")
+    await console.click("#resolve-submit")
+    assert "CANCELLED" in await console.text("#order")
+    rows = await console.rows("#transitions table")
+    assert [row[1:] for row in rows][-1] == [
+        "PAID",
+        "CANCELLED FORCED",
+        "operator ann: fraud confirmed",
+    ]
+    await console.screenshot("resolve")
+    actions = await db.fetch(
+        "SELECT source, actor, filter FROM operator_actions WHERE action = 'order.resolve'"
+        " ORDER BY id"
+    )
+    assert [(a["source"], a["actor"], a["filter"]["forced"]) for a in actions] == [
+        ("console", "ann", False),
+        ("console", "ann", True),
+    ]

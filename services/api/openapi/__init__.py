@@ -7,6 +7,7 @@ from typing import Any
 
 from services.api.openapi.build import PATH as PATH
 from services.api.openapi.paths import PATHS
+from services.api.openapi.resolve_paths import RESOLVE_PATHS, RESOLVE_SCHEMAS
 from services.api.openapi.schemas import SCHEMAS
 
 DOCUMENT: dict[str, Any] = {
@@ -23,9 +24,9 @@ DOCUMENT: dict[str, Any] = {
         ),
     },
     "security": [{"adminToken": []}],
-    "paths": PATHS,
+    "paths": PATHS | RESOLVE_PATHS,
     "components": {
-        "schemas": SCHEMAS,
+        "schemas": SCHEMAS | RESOLVE_SCHEMAS,
         "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
     },
 }

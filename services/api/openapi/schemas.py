@@ -16,6 +16,7 @@ from services.api.openapi.build import (
 )
 from services.api.responses import PROBLEMS
 from shared.ops import inbox_view, replay_selection
+from shared.queries import audit
 from shared.vocabulary import OrderStatus
 
 SCHEMAS: dict[str, Schema] = {
@@ -50,6 +51,14 @@ SCHEMAS: dict[str, Schema] = {
                 "type": "object",
                 "additionalProperties": INT,
                 "description": "replay_unroutable: messages confirmed per worker before it",
+            },
+            "in_flight": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"event_id": STR, "event": STR, "where": STR},
+                },
+                "description": "resolve_in_flight: the payment's events not yet processed",
             },
         },
         "additionalProperties": False,
@@ -124,7 +133,19 @@ SCHEMAS: dict[str, Schema] = {
                 )
             ),
             "transitions": list_of(
-                object_of({"id": INT, "from": STR, "to": STR, "event_id": STR, "at": TIME})
+                object_of(
+                    {
+                        "id": INT,
+                        "from": STR,
+                        "to": STR,
+                        "event_id": STR,
+                        "at": TIME,
+                        "source": {"enum": ["event", "operator"]},
+                        "actor": nullable(STR),
+                        "forced": {"type": "boolean"},
+                        "reason": nullable(STR),
+                    }
+                )
             ),
             "bonus": list_of(
                 object_of(
@@ -297,16 +318,8 @@ SCHEMAS: dict[str, Schema] = {
                         "id": INT,
                         "at": TIME,
                         "actor": {**STR, "description": "a token's name, or cli:<OS user>"},
-                        "source": {"type": "string", "enum": ["api", "cli"]},
-                        "action": {
-                            "type": "string",
-                            "enum": [
-                                "dlq.requeue",
-                                "dlq.purge",
-                                "order.register",
-                                "event.replay",
-                            ],
-                        },
+                        "source": {"type": "string", "enum": list(audit.SOURCES)},
+                        "action": {"type": "string", "enum": list(audit.ACTIONS)},
                         "target": {**STR, "description": "a DLQ's name, or an order id"},
                         "filter": {"type": "object", "description": "a requeue's selection"},
                         "ids": {**list_of(STR), "description": "moved messages, or payment id"},
