@@ -1,0 +1,411 @@
+"""deploy/alertmanager: `amtool check-config`, what it must agree with, and an alert that reaches
+a person through real Prometheus and Alertmanager.
+
+The end-to-end test runs Debian's `prometheus` and `prometheus-alertmanager` (binaries
+`prometheus`, `prometheus-alertmanager`, `amtool`; .ci/run installs both packages) as child
+processes on free loopback ports with temporary data directories. Prometheus scrapes a real api
+(in-process, its queue gauges) and an orders worker that is down (a port nothing listens on),
+with the shipped rules, where only the `for:` of the alerts it provokes is shortened. Alertmanager
+runs the shipped routing and inhibition, where only the receivers' addresses point at this test
+and the group waits are 1 s. Without the packages these tests skip locally and fail in CI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiohttp
+import asyncpg
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bench.processes import free_ports
+from services.api.app import create_app
+from shared.amqp.topology import Topology
+from shared.config import Settings
+from tests.conftest import SmtpSink
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERTMANAGER_DIR = ROOT / "deploy" / "alertmanager"
+ALERTMANAGER_CONFIG = ALERTMANAGER_DIR / "alertmanager.yml"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+COMPOSE = ROOT / "docker-compose.yml"
+
+# The alerts this test provokes, with the `for:` it gives them (the shipped rules say minutes).
+SHORT_FOR = {
+    "PayhooksServiceDown": "1s",
+    "PayhooksWorkQueueNoConsumer": "1s",
+    "PayhooksDLQNotEmpty": "1s",
+}
+DEADLINE_S = 20.0
+
+
+def binary(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package `{package}`; .ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI must never silently skip these checks
+        pytest.skip(message)
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
+    assert isinstance(document, dict), path
+    return document
+
+
+def dump(document: dict[str, Any]) -> str:
+    text: str = yaml.safe_dump(document, sort_keys=False)
+    return text
+
+
+def alert_rules() -> dict[str, dict[str, Any]]:
+    return {
+        rule["alert"]: rule
+        for group in load(ALERTS)["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+
+
+# --- the configuration, statically -------------------------------------------------------------
+
+
+def test_alertmanager_config_is_valid() -> None:
+    amtool = binary("amtool", "prometheus-alertmanager")
+    result = subprocess.run(
+        [amtool, "check-config", str(ALERTMANAGER_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"amtool check-config failed:\n{output}"
+    assert "1 templates" in output  # the glob found templates/payhooks.tmpl
+
+
+def _matcher_values(matchers: list[str], label: str) -> list[str]:
+    """The values a list of matchers like ['alertname=~"A|B"'] allows for `label`."""
+    values = []
+    for matcher in matchers:
+        name, _, rest = matcher.partition("=")
+        if name == label:
+            values.extend(rest.lstrip("~").strip('"').split("|"))
+    return values
+
+
+def test_routes_and_inhibitions_name_real_alerts_and_severities() -> None:
+    config = load(ALERTMANAGER_CONFIG)
+    rules = alert_rules()
+    severities = {rule["labels"]["severity"] for rule in rules.values()}
+    routed = {
+        value
+        for route in config["route"]["routes"]
+        for value in _matcher_values(route["matchers"], "severity")
+    }
+    assert severities <= routed, "an alert severity without its route"
+    receivers = {receiver["name"] for receiver in config["receivers"]}
+    used = {config["route"]["receiver"]} | {r["receiver"] for r in config["route"]["routes"]}
+    assert used == receivers
+    # One notification per alert name, whichever queues, workers or providers it names.
+    assert config["route"]["group_by"] == ["alertname"]
+    for inhibit in config["inhibit_rules"]:
+        for side in ("source_matchers", "target_matchers"):
+            names = _matcher_values(inhibit[side], "alertname")
+            assert names, f"{inhibit}: {side} must name its alerts"
+            assert set(names) <= set(rules), f"{inhibit}: unknown alert in {side}"
+        # A warning never mutes a critical alert.
+        sources = _matcher_values(inhibit["source_matchers"], "alertname")
+        targets = _matcher_values(inhibit["target_matchers"], "alertname")
+        order = {"warning": 0, "critical": 1}
+        weakest_source = min(order[rules[name]["labels"]["severity"]] for name in sources)
+        strongest_target = max(order[rules[name]["labels"]["severity"]] for name in targets)
+        assert weakest_source >= strongest_target, inhibit
+
+
+def test_email_goes_through_payhooks_smtp_relay_in_compose() -> None:
+    """Alertmanager sends its mail as payhooks' email worker does (SMTP_HOST:SMTP_PORT,
+    EMAIL_FROM of docker-compose.yml), to the service compose runs beside it."""
+    config = load(ALERTMANAGER_CONFIG)
+    services = load(COMPOSE)["services"]
+    env = services["email"]["environment"]
+    assert config["global"]["smtp_smarthost"] == f"{env['SMTP_HOST']}:{env['SMTP_PORT']}"
+    assert config["global"]["smtp_from"] == env["EMAIL_FROM"]
+    assert config["global"]["smtp_require_tls"] is False  # SMTP_TLS unset: none
+    assert "SMTP_TLS" not in env
+    assert "SMTP_PASSWORD" not in env
+
+
+# --- an alert that reaches a person ------------------------------------------------------------
+
+
+class Receiver:
+    """A chat tool's webhook endpoint: keeps every Alertmanager notification, by receiver."""
+
+    def __init__(self) -> None:
+        self.notifications: list[tuple[str, dict[str, Any]]] = []
+
+    async def post(self, request: web.Request) -> web.Response:
+        self.notifications.append((request.match_info["receiver"], await request.json()))
+        return web.Response(text="ok")
+
+    def alerts(self, receiver: str) -> list[dict[str, Any]]:
+        return [
+            alert
+            for name, body in self.notifications
+            if name == receiver
+            for alert in body["alerts"]
+        ]
+
+
+def prometheus_config(rules: Path, alertmanager_port: int, targets: dict[str, int]) -> str:
+    """The shipped rules with SHORT_FOR, scraped and evaluated every second."""
+    document = load(ALERTS)
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") in SHORT_FOR:
+                rule["for"] = SHORT_FOR[rule["alert"]]
+    rules.write_text(dump(document))
+    return dump(
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
+            "alerting": {
+                "alertmanagers": [
+                    {"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}
+                ]
+            },
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                for job, port in targets.items()
+            ],
+        }
+    )
+
+
+def alertmanager_config(webhook_port: int, smtp_port: int) -> str:
+    """The shipped configuration with this test's receivers and 1 s group waits."""
+    config = load(ALERTMANAGER_CONFIG)
+    config["global"]["smtp_smarthost"] = f"127.0.0.1:{smtp_port}"
+    config["templates"] = [str(ALERTMANAGER_DIR / t) for t in config["templates"]]
+    config["route"].update(group_wait="1s", group_interval="1s")
+    for receiver in config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = f"http://127.0.0.1:{webhook_port}/{receiver['name']}"
+    return dump(config)
+
+
+@contextmanager
+def child(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process (its own process group), stopped and reaped at exit."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+@dataclass
+class Stack:
+    """The running Prometheus and Alertmanager, their logs and APIs, and an HTTP client."""
+
+    processes: list[subprocess.Popen[bytes]]
+    logs: list[Path]
+    prometheus_url: str
+    alertmanager_url: str
+    http: aiohttp.ClientSession
+
+    async def get(self, url: str, **params: str) -> Any:
+        async with self.http.get(url, params=params) as response:
+            return await response.json()
+
+    async def state(self) -> str:
+        """What Prometheus and Alertmanager hold now, for a failure's message."""
+        parts = []
+        for url in (
+            f"{self.prometheus_url}/api/v1/targets",
+            f"{self.prometheus_url}/api/v1/alerts",
+            f"{self.alertmanager_url}/api/v2/alerts",
+        ):
+            try:
+                parts.append(f"--- {url}\n{json.dumps(await self.get(url))[:3000]}")
+            except (aiohttp.ClientError, ValueError) as e:
+                parts.append(f"--- {url}\n{e!r}")
+        for log in self.logs:
+            parts.append(f"--- {log.name}\n{log.read_text()[-3000:]}")
+        return "\n".join(parts)
+
+    async def wait_for(self, what: str, check: Callable[[], Awaitable[Any]]) -> Any:
+        """Poll `check` until it returns something truthy; fail saying what each holds."""
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            for process, log in zip(self.processes, self.logs, strict=True):
+                assert process.poll() is None, f"{log.name}: exited\n{log.read_text()}"
+            result = await check()
+            if result:
+                return result
+            await asyncio.sleep(0.2)
+        pytest.fail(f"no {what} within {DEADLINE_S:.0f} s\n{await self.state()}")
+
+
+def firing(alerts: list[dict[str, Any]], **labels: str) -> list[dict[str, Any]]:
+    return [a for a in alerts if a["status"] == "firing" and labels.items() <= a["labels"].items()]
+
+
+@pytest.fixture
+async def api_server(
+    settings: Settings, channel: aio_pika.abc.AbstractChannel
+) -> AsyncIterator[TestServer]:
+    """The api, serving its queue gauges (refreshed every 0.2 s) on a loopback port."""
+    server = TestServer(create_app(settings, monitor_interval_s=0.2), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+async def test_a_stopped_worker_pages_on_call_once_and_a_dlq_reaches_the_team(
+    tmp_path: Path,
+    api_server: TestServer,
+    channel: aio_pika.abc.AbstractChannel,
+    topology: Topology,
+    smtp: tuple[SmtpSink, int],
+    db: asyncpg.Connection[Any],  # empty tables: no other alert of the api's gauges fires
+) -> None:
+    prometheus = binary("prometheus", "prometheus")
+    alertmanager = binary("prometheus-alertmanager", "prometheus-alertmanager")
+    sink, smtp_port = smtp
+    receiver = Receiver()
+    webhook_app = web.Application()
+    webhook_app.router.add_post("/{receiver}", receiver.post)
+    webhook = TestServer(webhook_app, host="127.0.0.1")
+    await webhook.start_server()
+
+    prometheus_port, alertmanager_port, stopped_orders_port = free_ports(3)
+    (tmp_path / "prometheus.yml").write_text(
+        prometheus_config(
+            tmp_path / "rules.yml",
+            alertmanager_port,
+            {"api": api_server.port or 0, "orders": stopped_orders_port},
+        )
+    )
+    (tmp_path / "alertmanager.yml").write_text(alertmanager_config(webhook.port or 0, smtp_port))
+    logs = [tmp_path / "prometheus.log", tmp_path / "alertmanager.log"]
+    http = aiohttp.ClientSession()
+    try:
+        with (
+            child(
+                [
+                    alertmanager,
+                    f"--config.file={tmp_path / 'alertmanager.yml'}",
+                    f"--storage.path={tmp_path / 'alertmanager-data'}",
+                    f"--web.listen-address=127.0.0.1:{alertmanager_port}",
+                    "--cluster.listen-address=",  # no gossip port: one instance
+                ],
+                logs[1],
+            ) as am_process,
+            child(
+                [
+                    prometheus,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'prometheus-data'}",
+                    f"--web.listen-address=127.0.0.1:{prometheus_port}",
+                ],
+                logs[0],
+            ) as prom_process,
+        ):
+            stack = Stack(
+                [prom_process, am_process],
+                logs,
+                f"http://127.0.0.1:{prometheus_port}",
+                f"http://127.0.0.1:{alertmanager_port}",
+                http,
+            )
+
+            async def notified(name: str, **labels: str) -> list[dict[str, Any]]:
+                return firing(receiver.alerts(name), **labels)
+
+            # 1. The orders worker is down (its /metrics does not answer): one page, by chat
+            #    and by email, through the critical route.
+            async def paged() -> list[dict[str, Any]]:
+                return await notified(
+                    "payhooks-oncall", alertname="PayhooksServiceDown", job="orders"
+                )
+
+            (down,) = await stack.wait_for("page for the stopped worker", paged)
+            assert down["labels"]["severity"] == "critical"
+            assert down["annotations"]["runbook_url"] == "docs/runbook.md#a-service-is-down"
+
+            async def mailed() -> list[Any]:
+                return [m for m in sink.messages if "PayhooksServiceDown" in m["Subject"]]
+
+            (mail,) = await stack.wait_for("email for the stopped worker", mailed)
+            assert mail["From"] == "payments@shop.example"
+            assert mail["To"] == "oncall@shop.example"
+            (text,) = [p for p in mail.walk() if p.get_content_type() == "text/plain"]
+            body = text.get_payload(decode=True).decode()
+            assert "payhooks orders is down" in body
+            assert "/docs/runbook.md#a-service-is-down" in body
+
+            # 2. Messages wait in its queue (and one in its DLQ). The queue has no consumer:
+            #    Prometheus fires, Alertmanager holds it back behind the worker's page. The
+            #    DLQ's warning goes to the team's channel, not by email.
+            for queue in (topology.work["orders"].name, topology.work["orders"].dlq):
+                await channel.default_exchange.publish(
+                    aio_pika.Message(b"{}", message_id=f"alerting-{queue}"), routing_key=queue
+                )
+
+            async def team_told() -> list[dict[str, Any]]:
+                return await notified(
+                    "payhooks-team", alertname="PayhooksDLQNotEmpty", queue="orders.dlq"
+                )
+
+            (dlq,) = await stack.wait_for("DLQ notification", team_told)
+            assert dlq["labels"]["severity"] == "warning"
+
+            async def inhibited() -> list[dict[str, Any]]:
+                alerts = await stack.get(f"{stack.alertmanager_url}/api/v2/alerts")
+                return [
+                    a
+                    for a in alerts
+                    if a["labels"]["alertname"] == "PayhooksWorkQueueNoConsumer"
+                    and a["status"]["state"] == "suppressed"
+                    and a["status"]["inhibitedBy"]
+                ]
+
+            await stack.wait_for("no-consumer alert inhibited", inhibited)
+            heard = {
+                a["labels"]["alertname"] for _, b in receiver.notifications for a in b["alerts"]
+            }
+            assert heard == {"PayhooksServiceDown", "PayhooksDLQNotEmpty"}
+            assert all("PayhooksServiceDown" in m["Subject"] for m in sink.messages)
+    finally:
+        await http.close()
+        await webhook.close()
