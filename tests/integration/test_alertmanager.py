@@ -44,6 +44,9 @@ ALERTMANAGER_DIR = ROOT / "deploy" / "alertmanager"
 ALERTMANAGER_CONFIG = ALERTMANAGER_DIR / "alertmanager.yml"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 COMPOSE = ROOT / "docker-compose.yml"
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+K8S = ROOT / "deploy" / "k8s"
+K8S_CONFIG = K8S / "alertmanagerconfig.yaml"
 
 # The alerts this test provokes, with the `for:` it gives them (the shipped rules say minutes).
 SHORT_FOR = {
@@ -151,6 +154,137 @@ def test_email_goes_through_payhooks_smtp_relay_in_compose() -> None:
     assert config["global"]["smtp_require_tls"] is False  # SMTP_TLS unset: none
     assert "SMTP_TLS" not in env
     assert "SMTP_PASSWORD" not in env
+
+
+def test_compose_runs_alertmanager_with_this_config_and_prometheus_sends_to_it() -> None:
+    services = load(COMPOSE)["services"]
+    alertmanager = services["alertmanager"]
+    assert alertmanager["image"].startswith("prom/alertmanager:v")  # a pinned release
+    assert "./deploy/alertmanager:/etc/alertmanager:ro" in alertmanager["volumes"]
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in alertmanager["command"]
+    assert "127.0.0.1:9093:9093" in alertmanager["ports"]
+    assert "mailpit" in alertmanager["depends_on"]
+    assert "alertmanager" in services["prometheus"]["depends_on"]
+    (manager,) = load(PROMETHEUS_CONFIG)["alerting"]["alertmanagers"]
+    (static,) = manager["static_configs"]
+    assert static["targets"] == ["alertmanager:9093"]
+    # The mail relay it is given is compose's SMTP sink, the one payhooks' email worker uses.
+    host, _, _ = load(ALERTMANAGER_CONFIG)["global"]["smtp_smarthost"].partition(":")
+    assert host in services
+
+
+def _matcher(entry: dict[str, str]) -> str:
+    return f'{entry["name"]}{entry.get("matchType", "=")}"{entry["value"]}"'
+
+
+def rendered_k8s_config() -> dict[str, Any]:
+    """deploy/k8s/alertmanagerconfig.yaml in alertmanager.yml's terms, as the Prometheus
+    Operator renders it (less the namespace matchers it adds, and its route a root's child)."""
+    document = load(K8S_CONFIG)
+    assert (document["apiVersion"], document["kind"]) == (
+        "monitoring.coreos.com/v1alpha1",
+        "AlertmanagerConfig",
+    )
+    spec = document["spec"]
+    assert set(spec) == {"route", "inhibitRules", "receivers"}
+
+    def route(node: dict[str, Any]) -> dict[str, Any]:
+        keys = {
+            "receiver": "receiver", "groupBy": "group_by", "groupWait": "group_wait",
+            "groupInterval": "group_interval", "repeatInterval": "repeat_interval",
+            "matchers": "matchers", "routes": "routes",
+        }  # fmt: skip
+        assert set(node) <= set(keys), set(node) - set(keys)
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "matchers":
+                value = [_matcher(m) for m in value]
+            elif key == "routes":
+                value = [route(child) for child in value]
+            out[keys[key]] = value
+        return out
+
+    def receiver(node: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": node["name"]}
+        for email in node.get("emailConfigs", []):
+            assert set(email) <= {"to", "from", "smarthost", "requireTLS", "sendResolved"}
+            out.setdefault("email_configs", []).append(
+                {
+                    "to": email["to"],
+                    "from": email["from"],
+                    "smarthost": email["smarthost"],
+                    "require_tls": email["requireTLS"],
+                    "send_resolved": email["sendResolved"],
+                }
+            )
+        for webhook in node.get("webhookConfigs", []):
+            assert set(webhook) <= {"url", "sendResolved"}
+            out.setdefault("webhook_configs", []).append(
+                {"url": webhook["url"], "send_resolved": webhook["sendResolved"]}
+            )
+        return out
+
+    inhibit_rules = []
+    for rule in spec["inhibitRules"]:
+        assert set(rule) <= {"sourceMatch", "targetMatch", "equal"}
+        rendered = {
+            "source_matchers": [_matcher(m) for m in rule["sourceMatch"]],
+            "target_matchers": [_matcher(m) for m in rule["targetMatch"]],
+        }
+        if "equal" in rule:
+            rendered["equal"] = rule["equal"]
+        inhibit_rules.append(rendered)
+    return {
+        "route": route(spec["route"]),
+        "inhibit_rules": inhibit_rules,
+        "receivers": [receiver(r) for r in spec["receivers"]],
+    }
+
+
+def test_k8s_alertmanager_config_routes_and_inhibits_as_the_shipped_one(tmp_path: Path) -> None:
+    k8s = rendered_k8s_config()
+    shipped = load(ALERTMANAGER_CONFIG)
+    # Its one addition: the top route takes payhooks' alerts only.
+    top = dict(k8s["route"])
+    assert top.pop("matchers") == ['alertname=~"Payhooks.+"']
+    assert top == shipped["route"]
+    assert k8s["inhibit_rules"] == shipped["inhibit_rules"]
+    # The same receivers and integrations, the mail through the cluster's payhooks relay.
+    assert [r["name"] for r in k8s["receivers"]] == [r["name"] for r in shipped["receivers"]]
+    (configmap,) = [
+        d
+        for d in yaml.safe_load_all((K8S / "configmap.yaml").read_text())
+        if d and d["kind"] == "ConfigMap"
+    ]
+    env = configmap["data"]
+    for ours, theirs in zip(k8s["receivers"], shipped["receivers"], strict=True):
+        assert set(ours) == set(theirs) - {"headers", "text"}, ours["name"]
+        for email, shipped_email in zip(
+            ours.get("email_configs", []), theirs.get("email_configs", []), strict=True
+        ):
+            assert email["to"] == shipped_email["to"]
+            assert email["smarthost"] == f"{env['SMTP_HOST']}:{env['SMTP_PORT']}"
+            assert email["from"] == env["EMAIL_FROM"]
+            assert email["require_tls"] is (env.get("SMTP_TLS", "none") != "none")
+    # Valid for Alertmanager itself, once rendered.
+    path = tmp_path / "rendered.yml"
+    # The operator hangs the route under your Alertmanager's root route.
+    root = {"receiver": "cluster-default", "routes": [k8s["route"]]}
+    receivers = [*k8s["receivers"], {"name": "cluster-default"}]
+    path.write_text(dump({**k8s, "route": root, "receivers": receivers}))
+    amtool = binary("amtool", "prometheus-alertmanager")
+    result = subprocess.run(
+        [amtool, "check-config", str(path)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_k8s_kustomization_applies_the_alertmanager_config() -> None:
+    kustomization = load(K8S / "kustomization.yaml")
+    assert K8S_CONFIG.name in kustomization["resources"]
+    labels = load(K8S_CONFIG)["metadata"]["labels"]
+    (rule,) = [d for d in yaml.safe_load_all((K8S / "prometheusrule.yaml").read_text()) if d]
+    assert labels == rule["metadata"]["labels"]  # the same release selector
 
 
 # --- an alert that reaches a person ------------------------------------------------------------
