@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -348,10 +349,13 @@ def alertmanager_config(webhook_port: int, smtp_port: int) -> str:
 
 @contextmanager
 def child(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process (its own process group), stopped and reaped at exit."""
+    """A child process (its own process group), stopped and reaped at exit; also stopped by
+    the kernel should this test's process die first (setpriv's parent-death signal)."""
+    setpriv = shutil.which("setpriv")  # util-linux
+    guard = [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
     with log.open("wb") as out:
         process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            [*guard, *argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
         yield process
@@ -425,8 +429,7 @@ async def api_server(
         await server.close()
 
 
-async def test_a_stopped_worker_pages_on_call_once_and_a_dlq_reaches_the_team(
-    tmp_path: Path,
+async def test_stopped_workers_page_on_call_once_and_a_dlq_reaches_the_team(
     api_server: TestServer,
     channel: aio_pika.abc.AbstractChannel,
     topology: Topology,
@@ -442,12 +445,15 @@ async def test_a_stopped_worker_pages_on_call_once_and_a_dlq_reaches_the_team(
     webhook = TestServer(webhook_app, host="127.0.0.1")
     await webhook.start_server()
 
-    prometheus_port, alertmanager_port, stopped_orders_port = free_ports(3)
+    prometheus_port, alertmanager_port, *stopped = free_ports(4)
+    # Configs, logs and both data directories: all removed at the end.
+    temporary = tempfile.TemporaryDirectory(prefix="payhooks-alerting-")
+    tmp_path = Path(temporary.name)
     (tmp_path / "prometheus.yml").write_text(
         prometheus_config(
             tmp_path / "rules.yml",
             alertmanager_port,
-            {"api": api_server.port or 0, "orders": stopped_orders_port},
+            {"api": api_server.port or 0, "orders": stopped[0], "bonuses": stopped[1]},
         )
     )
     (tmp_path / "alertmanager.yml").write_text(alertmanager_config(webhook.port or 0, smtp_port))
@@ -483,63 +489,80 @@ async def test_a_stopped_worker_pages_on_call_once_and_a_dlq_reaches_the_team(
                 http,
             )
 
-            async def notified(name: str, **labels: str) -> list[dict[str, Any]]:
-                return firing(receiver.alerts(name), **labels)
-
-            # 1. The orders worker is down (its /metrics does not answer): one page, by chat
-            #    and by email, through the critical route.
+            # 1. The orders and bonuses workers are down (their /metrics do not answer): one
+            #    page listing both, by chat and by email, through the critical route.
             async def paged() -> list[dict[str, Any]]:
-                return await notified(
-                    "payhooks-oncall", alertname="PayhooksServiceDown", job="orders"
-                )
+                return [
+                    body
+                    for name, body in receiver.notifications
+                    if name == "payhooks-oncall"
+                    and {
+                        a["labels"].get("job")
+                        for a in firing(body["alerts"], alertname="PayhooksServiceDown")
+                    }
+                    == {"orders", "bonuses"}
+                ]
 
-            (down,) = await stack.wait_for("page for the stopped worker", paged)
-            assert down["labels"]["severity"] == "critical"
-            assert down["annotations"]["runbook_url"] == "docs/runbook.md#a-service-is-down"
+            page = (await stack.wait_for("one page for both stopped workers", paged))[0]
+            assert page["groupLabels"] == {"alertname": "PayhooksServiceDown"}
+            assert page["commonLabels"]["severity"] == "critical"
+            assert {a["annotations"]["runbook_url"] for a in page["alerts"]} == {
+                "docs/runbook.md#a-service-is-down"
+            }
 
             async def mailed() -> list[Any]:
                 return [m for m in sink.messages if "PayhooksServiceDown" in m["Subject"]]
 
-            (mail,) = await stack.wait_for("email for the stopped worker", mailed)
+            mail = (await stack.wait_for("email for the stopped workers", mailed))[0]
             assert mail["From"] == "payments@shop.example"
             assert mail["To"] == "oncall@shop.example"
             (text,) = [p for p in mail.walk() if p.get_content_type() == "text/plain"]
             body = text.get_payload(decode=True).decode()
-            assert "payhooks orders is down" in body
+            assert "is down" in body
             assert "/docs/runbook.md#a-service-is-down" in body
 
-            # 2. Messages wait in its queue (and one in its DLQ). The queue has no consumer:
-            #    Prometheus fires, Alertmanager holds it back behind the worker's page. The
-            #    DLQ's warning goes to the team's channel, not by email.
+            # 2. Messages wait in the orders queue (and one in its DLQ). The queue has no
+            #    consumer: Prometheus fires, Alertmanager holds it back behind the worker's
+            #    page. The DLQ's warning goes to the team's channel, not by email.
             for queue in (topology.work["orders"].name, topology.work["orders"].dlq):
                 await channel.default_exchange.publish(
                     aio_pika.Message(b"{}", message_id=f"alerting-{queue}"), routing_key=queue
                 )
 
             async def team_told() -> list[dict[str, Any]]:
-                return await notified(
-                    "payhooks-team", alertname="PayhooksDLQNotEmpty", queue="orders.dlq"
+                return firing(
+                    receiver.alerts("payhooks-team"),
+                    alertname="PayhooksDLQNotEmpty",
+                    queue="orders.dlq",
                 )
 
-            (dlq,) = await stack.wait_for("DLQ notification", team_told)
+            dlq = (await stack.wait_for("DLQ notification", team_told))[0]
             assert dlq["labels"]["severity"] == "warning"
 
             async def inhibited() -> list[dict[str, Any]]:
                 alerts = await stack.get(f"{stack.alertmanager_url}/api/v2/alerts")
+                (down,) = [
+                    a["fingerprint"]
+                    for a in alerts
+                    if a["labels"]["alertname"] == "PayhooksServiceDown"
+                    and a["labels"]["job"] == "orders"
+                ]
                 return [
                     a
                     for a in alerts
                     if a["labels"]["alertname"] == "PayhooksWorkQueueNoConsumer"
+                    and a["labels"]["queue"] == "orders"
                     and a["status"]["state"] == "suppressed"
-                    and a["status"]["inhibitedBy"]
+                    and a["status"]["inhibitedBy"] == [down]
                 ]
 
-            await stack.wait_for("no-consumer alert inhibited", inhibited)
+            await stack.wait_for("no-consumer alert held back by the worker's", inhibited)
             heard = {
                 a["labels"]["alertname"] for _, b in receiver.notifications for a in b["alerts"]
             }
-            assert heard == {"PayhooksServiceDown", "PayhooksDLQNotEmpty"}
-            assert all("PayhooksServiceDown" in m["Subject"] for m in sink.messages)
+            assert "PayhooksWorkQueueNoConsumer" not in heard
+            assert not [m for m in sink.messages if "PayhooksServiceDown" not in m["Subject"]]
     finally:
         await http.close()
         await webhook.close()
+        temporary.cleanup()
