@@ -4,10 +4,11 @@ a person through real Prometheus and Alertmanager.
 The end-to-end test runs Debian's `prometheus` and `prometheus-alertmanager` (binaries
 `prometheus`, `prometheus-alertmanager`, `amtool`; .ci/run installs both packages) as child
 processes on free loopback ports with temporary data directories. Prometheus scrapes a real api
-(in-process, its queue gauges) and an orders worker that is down (a port nothing listens on),
-with the shipped rules, where only the `for:` of the alerts it provokes is shortened. Alertmanager
-runs the shipped routing and inhibition, where only the receivers' addresses point at this test
-and the group waits are 1 s. Without the packages these tests skip locally and fail in CI.
+(in-process, its queue gauges) and the orders and bonuses workers, down (ports nothing listens
+on), with the shipped rules, where only the `for:` of the alerts it provokes is shortened.
+Alertmanager runs the shipped routing and inhibition, where only the receivers' addresses point
+at this test and the group waits are 1 s. Without the packages these tests skip locally and fail
+in CI.
 """
 
 from __future__ import annotations
@@ -416,6 +417,11 @@ def firing(alerts: list[dict[str, Any]], **labels: str) -> list[dict[str, Any]]:
     return [a for a in alerts if a["status"] == "firing" and labels.items() <= a["labels"].items()]
 
 
+async def answer_metrics(request: web.Request) -> web.Response:
+    """A worker's /metrics, answering again (Prometheus' `up` is all this test reads)."""
+    return web.Response(text="payhooks_build_info 1\n")
+
+
 @pytest.fixture
 async def api_server(
     settings: Settings, channel: aio_pika.abc.AbstractChannel
@@ -429,7 +435,7 @@ async def api_server(
         await server.close()
 
 
-async def test_stopped_workers_page_on_call_once_and_a_dlq_reaches_the_team(
+async def test_stopped_workers_page_on_call_once_a_dlq_reaches_the_team_and_recovery_resolves(
     api_server: TestServer,
     channel: aio_pika.abc.AbstractChannel,
     topology: Topology,
@@ -562,6 +568,27 @@ async def test_stopped_workers_page_on_call_once_and_a_dlq_reaches_the_team(
             }
             assert "PayhooksWorkQueueNoConsumer" not in heard
             assert not [m for m in sink.messages if "PayhooksServiceDown" not in m["Subject"]]
+
+            # 3. The bonuses worker answers again: on-call hears that it resolved, while the
+            #    orders worker's page stands.
+            revived = web.Application()
+            revived.router.add_get("/metrics", answer_metrics)
+            bonuses = TestServer(revived, host="127.0.0.1", port=stopped[1])
+            await bonuses.start_server()
+            try:
+
+                async def resolved() -> list[dict[str, Any]]:
+                    return [
+                        body
+                        for name, body in receiver.notifications
+                        if name == "payhooks-oncall"
+                        and {(a["labels"].get("job"), a["status"]) for a in body["alerts"]}
+                        == {("orders", "firing"), ("bonuses", "resolved")}
+                    ]
+
+                await stack.wait_for("the bonuses worker's page resolved", resolved)
+            finally:
+                await bonuses.close()
     finally:
         await http.close()
         await webhook.close()
