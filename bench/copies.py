@@ -50,6 +50,7 @@ import asyncpg
 
 from bench import ingest, leader, workers
 from bench.backing import own_vhost
+from bench.copies_table import IngestRun, WorkersRun, sizing, table
 from bench.observe import Servers
 from bench.processes import migrate
 from tests import cluster as ha
@@ -60,11 +61,6 @@ PREFIX = "copies"
 SINGLE_DATABASE = "payhooks_bench_copies"
 SINGLE_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SINGLE_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
-PAYHOOKS = ("ingest", "orders", "bonuses", "email")
-# The load each component must carry at most, as a share of its cores, in the sizing: room
-# for bursts and a lost node's work.
-UTILISATION = 0.6
-TARGETS = (1_000, 10_000)
 
 
 # --- the two stacks ----------------------------------------------------------------------------
@@ -92,17 +88,13 @@ def _postmaster(data: Path) -> int:
 
 
 def _default_beam() -> int:
-    """The machine's broker: the beam.smp not started with a RABBITMQ_NODENAME of its own
-    (every private node of tests/ has one)."""
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if (
-                entry.name.isdigit()
-                and (entry / "comm").read_text().strip() == "beam.smp"
-                and b"RABBITMQ_NODENAME=" not in (entry / "environ").read_bytes()
-            ):
-                return int(entry.name)
-    raise RuntimeError("no beam.smp of the machine's own RabbitMQ")
+    """The machine's broker's beam.smp, as the node itself tells (rabbitmqctl's own
+    beam.smp and other people's private nodes are beam.smp processes too)."""
+    out = faults.run_tool("rabbitmqctl", "-q", "eval", "os:getpid().", timeout_s=60).stdout
+    pid = int(out.strip().strip('"'))
+    if Path(f"/proc/{pid}/comm").read_text().strip() != "beam.smp":
+        raise RuntimeError(f"rabbitmqctl's node runs as pid {pid}, not a beam.smp")
+    return pid
 
 
 def single_stack(amqp_url: str) -> Stack:
@@ -174,15 +166,6 @@ def leftovers() -> str:
 # --- the runs ----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class WorkersRun:
-    per_s: float
-    us: dict[str, float]  # CPU us per payment per group, the servers' idle taken off
-    p99_ms: float  # end-to-end (accept -> email)
-    ingest_p99_ms: float
-    ok: bool
-
-
 def _us_per_payment(result: workers.Result) -> dict[str, float]:
     us: dict[str, float] = {}
     for group, pct in result.cpu_pct.items():
@@ -221,14 +204,6 @@ def _p99(values: list[float]) -> float:
     return values[min(len(values) - 1, int(0.99 * len(values)))] if values else math.nan
 
 
-@dataclass(slots=True)
-class IngestRun:
-    per_s: float
-    p99_ms: float
-    us: dict[str, float]
-    ok: bool
-
-
 def run_ingest(stack: Stack, args: argparse.Namespace) -> IngestRun:
     print(f"\n== ingest (batched), {stack.name}, {args.ingest_n:,} requests")
     iargs = ingest.parse_args(
@@ -253,7 +228,7 @@ def run_leader(stack: Stack, args: argparse.Namespace) -> tuple[leader.Measured,
         node = ha.leader_of(stack.cluster.rabbit, queue)
         group = f"rabbitmq/node{stack.cluster.rabbit.nodes.index(node) + 1}"
     print(
-        f"\n== one quorum queue, {stack.name}: {args.publishers} publishers and a consumer"
+        f"\n== one quorum queue, {stack.name}: {args.publishers} publishers and 2 consumers"
         f" on the leader's node ({group}), {args.leader_seconds:.0f} s",
         flush=True,
     )
@@ -272,142 +247,6 @@ def run_leader(stack: Stack, args: argparse.Namespace) -> tuple[leader.Measured,
         flush=True,
     )
     return measured, group
-
-
-# --- the table ---------------------------------------------------------------------------------
-
-
-def _ratio(a: float, b: float) -> str:
-    return f"{b / a:.2f}x" if a and not math.isnan(a) and not math.isnan(b) else "-"
-
-
-def _payhooks_us(us: dict[str, float]) -> float:
-    return sum(us.get(g, 0.0) for g in PAYHOOKS)
-
-
-def _total_us(us: dict[str, float]) -> float:
-    return _payhooks_us(us) + us.get("rabbitmq", 0.0) + us.get("postgres", 0.0)
-
-
-def _node_rows(us: dict[str, float], prefix: str) -> list[str]:
-    return sorted(g for g in us if g.startswith(prefix + "/"))
-
-
-def table(
-    runs: dict[tuple[str, int, bool], WorkersRun],
-    ingests: dict[str, IngestRun],
-    leaders: dict[str, tuple[leader.Measured, str]],
-    rate: float,
-) -> list[str]:
-    """Markdown: single and cluster side by side, one copy and two, with ratios."""
-    head = (
-        "| | single, 1 copy | cluster, 1 copy | cluster / single"
-        " | single, 2 copies | cluster, 2 copies | cluster / single | cluster 2 / single 1 |"
-    )
-    lines = [head, "|---" * 8 + "|"]
-
-    def group_of(group: str) -> Callable[[WorkersRun], float]:
-        return lambda r: r.us.get(group, 0.0)
-
-    def workers_row(label: str, value: Callable[[WorkersRun], float], spec: str) -> None:
-        cells: list[str] = []
-        for replicas in (1, 2):
-            a, b = value(runs["single", replicas, False]), value(runs["cluster", replicas, False])
-            cells += [format(a, spec), format(b, spec), _ratio(a, b)]
-        first = value(runs["single", 1, False])
-        last = value(runs["cluster", 2, False])
-        lines.append(f"| {label} | {' | '.join(cells)} | {_ratio(first, last)} |")
-
-    def paced_row(label: str, value: Callable[[WorkersRun], float]) -> None:
-        cells: list[str] = []
-        for replicas in (1, 2):
-            a, b = value(runs["single", replicas, True]), value(runs["cluster", replicas, True])
-            cells += [f"{a:,.0f}", f"{b:,.0f}", _ratio(a, b)]
-        first, last = value(runs["single", 1, True]), value(runs["cluster", 2, True])
-        lines.append(f"| {label} | {' | '.join(cells)} | {_ratio(first, last)} |")
-
-    def short_row(label: str, a: float, b: float, spec: str) -> None:
-        lines.append(
-            f"| {label} | {format(a, spec)} | {format(b, spec)} | {_ratio(a, b)} | | | | |"
-        )
-
-    lines.append("| **bench.workers** (paid payments, open-ended) | | | | | | | |")
-    workers_row("payments/s", lambda r: r.per_s, ",.0f")
-    workers_row("CPU us/payment, all", lambda r: _total_us(r.us), ",.0f")
-    workers_row("  payhooks (4 services)", lambda r: _payhooks_us(r.us), ",.0f")
-    for group in PAYHOOKS:
-        workers_row(f"    {group}", group_of(group), ",.0f")
-    workers_row("  RabbitMQ (all nodes)", lambda r: r.us.get("rabbitmq", 0.0), ",.0f")
-    sample = runs["cluster", 1, False].us
-    for group in _node_rows(sample, "rabbitmq"):
-        workers_row(f"    {group}", group_of(group), ",.0f")
-    workers_row("  PostgreSQL (both)", lambda r: r.us.get("postgres", 0.0), ",.0f")
-    for group in _node_rows(sample, "postgres"):
-        workers_row(f"    {group}", group_of(group), ",.0f")
-    lines.append(f"| **bench.workers paced at {rate:,.0f}/s** | | | | | | | |")
-    paced_row("end-to-end p99 ms (200 -> email)", lambda r: r.p99_ms)
-    paced_row("ingest answer p99 ms", lambda r: r.ingest_p99_ms)
-    one, two = ingests["single"], ingests["cluster"]
-    lines.append("| **bench.ingest** (batched, 10 % duplicates) | | | | | | | |")
-    short_row("accepted/s", one.per_s, two.per_s, ",.0f")
-    short_row("answer p99 ms", one.p99_ms, two.p99_ms, ".1f")
-    for group in ("ingest", "rabbitmq", "postgres"):
-        short_row(f"CPU us/request {group}", one.us.get(group, 0), two.us.get(group, 0), ",.0f")
-    (m1, g1), (m2, g2) = leaders["single"], leaders["cluster"]
-    lines.append("| **one quorum queue** (publishers + 1 consumer) | | | | | | | |")
-    short_row("messages/s", m1.per_s, m2.per_s, ",.0f")
-    short_row("CPU us/message, leader's node", m1.us_per_message(g1), m2.us_per_message(g2), ".0f")
-    followers = [g for g in m2.cpu_pct if g.startswith("rabbitmq/") and g != g2]
-    for group in sorted(followers):
-        lines.append(
-            f"| CPU us/message, follower {group} | - | {m2.us_per_message(group):.0f} | | | | | |"
-        )
-    short_row(
-        "CPU us/message, all nodes",
-        m1.us_per_message("rabbitmq"),
-        m2.us_per_message("rabbitmq"),
-        ".0f",
-    )
-    return lines
-
-
-def sizing(
-    runs: dict[tuple[str, int, bool], WorkersRun], leaders: dict[str, tuple[leader.Measured, str]]
-) -> list[str]:
-    """Cores per component for TARGETS payments/s from the cluster's CPU per payment (two
-    copies of each service), and the quorum queue partitions one leader allows."""
-    us = runs["cluster", 2, False].us
-    measured, group = leaders["cluster"]
-    leader_us = measured.us_per_message(group)
-    # One queue's leader is one Erlang process: at most one core's worth of its node's work
-    # per message, whatever the node's other cores do. All of the leader node's CPU per
-    # message is an upper bound on that process's, so this is a floor under its ceiling.
-    floor = 1e6 / leader_us if leader_us else math.nan
-    lines = [
-        f"sizing, from the cluster with 2 copies (CPU per payment) at {UTILISATION:.0%} busy:",
-    ]
-    components = {
-        "payhooks (4 services)": _payhooks_us(us),
-        "RabbitMQ (3 nodes)": us.get("rabbitmq", 0.0),
-        "PostgreSQL (primary + standby)": us.get("postgres", 0.0),
-    }
-    for target in TARGETS:
-        cells = [
-            f"{name} {target * value / 1e6 / UTILISATION:.1f}" for name, value in components.items()
-        ]
-        total = sum(components.values()) * target / 1e6 / UTILISATION
-        lines.append(f"  {target:,}/s: cores {', '.join(cells)}; total {total:.1f}")
-    lines.append(
-        f"one quorum queue: {measured.per_s:,.0f} messages/s measured on this box;"
-        f" its leader's node spent {leader_us:.0f} us/message, so one core of leader"
-        f" holds at least {floor:,.0f}/s"
-    )
-    for target in TARGETS:
-        need = math.ceil(target / (UTILISATION * floor)) if floor == floor else 0
-        lines.append(
-            f"  {target:,} payments/s per work queue: >= {need} partition(s) by that floor"
-        )
-    return lines
 
 
 # --- command line ------------------------------------------------------------------------------
