@@ -197,7 +197,16 @@ def run_workers(stack: Stack, args: argparse.Namespace, replicas: int, rate: flo
         p99_ms=_p99(workers.end_to_end_ms(result)),
         ingest_p99_ms=answers.p99_ms,
         ok=ok,
+        servers_idle_pct=sum(result.idle_pct.get(g, 0.0) for g in ("rabbitmq", "postgres")),
+        others_pct=_others_pct(result.cpu_pct),
     )
+
+
+def _others_pct(pct: dict[str, float]) -> float:
+    """Other processes' share (and the kernel's, and processes gone by the end): the machine's
+    busy time less every group of ours, as bench.workers' report counts it."""
+    ours = ("ingest", "orders", "bonuses", "email", "postgres", "rabbitmq", "sink", "clients")
+    return pct.get("all", 0.0) - sum(pct.get(g, 0.0) for g in (*ours, "driver"))
 
 
 def _p99(values: list[float]) -> float:

@@ -24,6 +24,8 @@ class WorkersRun:
     p99_ms: float  # end-to-end (accept -> email)
     ingest_p99_ms: float
     ok: bool
+    servers_idle_pct: float  # the servers' CPU with no load just before (taken off), % of a core
+    others_pct: float  # what other processes took meanwhile, % of a core
 
 
 @dataclass(slots=True)
@@ -47,6 +49,10 @@ def _payhooks_us(us: dict[str, float]) -> float:
 
 def _total_us(us: dict[str, float]) -> float:
     return _payhooks_us(us) + us.get("rabbitmq", 0.0) + us.get("postgres", 0.0)
+
+
+def _idle(run: WorkersRun) -> float:
+    return run.servers_idle_pct
 
 
 def _node_rows(us: dict[str, float], prefix: str) -> list[str]:
@@ -104,6 +110,8 @@ def table(
     workers_row("  PostgreSQL (both)", lambda r: r.us.get("postgres", 0.0), ",.0f")
     for group in _node_rows(sample, "postgres"):
         workers_row(f"    {group}", group_of(group), ",.0f")
+    workers_row("servers' CPU with no load (taken off), % of a core", _idle, ".0f")
+    workers_row("other work meanwhile, % of a core", lambda r: r.others_pct, ".0f")
     lines.append(f"| **bench.workers paced at {rate:,.0f}/s** | | | | | | | |")
     paced_row("end-to-end p99 ms (200 -> email)", lambda r: r.p99_ms)
     paced_row("ingest answer p99 ms", lambda r: r.ingest_p99_ms)
