@@ -1,7 +1,7 @@
 """What copies cost: the same benches on the machine's single RabbitMQ node and PostgreSQL and
 on a highly available stack of this run's own, in one sitting, side by side.
 
-    python -m bench.copies [--n 4000] [--paced-n 1500] [--ingest-n 10000] [--leader-seconds 8]
+    python -m bench.copies [--n 4000] [--paced-n 3000] [--ingest-n 10000] [--leader-seconds 8]
 
 `make bench-copies`. It brings up tests/cluster.py's stack under the prefix `copies` (three
 clustered RabbitMQ nodes `copies1..3@localhost`, whose quorum queues have a member on each,
@@ -264,7 +264,7 @@ def run_leader(stack: Stack, args: argparse.Namespace) -> tuple[leader.Measured,
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.copies", description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=4000, help="payments per open-ended workers run")
-    p.add_argument("--paced-n", type=int, default=1500, help="payments per paced workers run")
+    p.add_argument("--paced-n", type=int, default=3000, help="payments per paced workers run")
     p.add_argument("--warmup", type=int, default=300, help="warm-up payments per workers run")
     p.add_argument("--ingest-n", type=int, default=10_000, help="requests of the ingest run")
     p.add_argument("--leader-seconds", type=float, default=8.0, help="one quorum queue's run")
