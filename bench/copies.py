@@ -141,6 +141,8 @@ def stacks(keep_going: Callable[[], None]) -> Iterator[tuple[Stack, Stack]]:
     try:
         with ha.running(PREFIX) as made, own_vhost(SINGLE_AMQP_URL) as vhost_url:
             print(f"cluster up in {time.monotonic() - started:.0f} s", flush=True)
+            for name, (state, sync) in ha.replication(made.postgres.first).items():
+                print(f"  replication {made.postgres.first.name} -> {name}: {state} {sync}")
             keep_going()
             single, clustered = single_stack(vhost_url), cluster_stack(made)
             migrate(single.database_url)
@@ -236,6 +238,8 @@ def run_leader(stack: Stack, args: argparse.Namespace) -> tuple[leader.Measured,
     if stack.cluster is not None:
         node = ha.leader_of(stack.cluster.rabbit, queue)
         group = f"rabbitmq/node{stack.cluster.rabbit.nodes.index(node) + 1}"
+        row = next(r for r in ha.queues(stack.cluster.rabbit) if r.get("name") == queue)
+        print(f"  {queue}: {row.get('type')}, members online {len(row.get('online') or [])}")
     print(
         f"\n== one quorum queue, {stack.name}: {args.publishers} publishers and 2 consumers"
         f" on the leader's node ({group}), {args.leader_seconds:.0f} s",
