@@ -27,9 +27,9 @@ from shared.config import Settings
 from shared.db import DB_POOL, TRANSIENT_DB_ERRORS
 from shared.errors import UnavailableError
 from shared.process import service
+from shared.providers.xhub import PROVIDER
 from shared.queries import inbox as inbox_sql
 from shared.queries.inbox import InboxEntry
-from shared.xhub import PROVIDER
 
 TIMEOUT_S = 4.0
 _DB_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError)

@@ -20,8 +20,8 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from shared.providers.xhub import PROVIDER
 from shared.vocabulary import RECONCILE_CLASSES
-from shared.xhub import PROVIDER
 
 # No `*_created` series (process-wide): nothing reads them, and each counter and histogram
 # child would cost Prometheus one more series.
@@ -429,7 +429,7 @@ PROVIDER_OUTCOMES = (
 
 @dataclass(frozen=True, slots=True)
 class ProviderMetrics:
-    """The X-Hub API client's requests (shared/xhub/client.py), in the reconciler."""
+    """The X-Hub API client's requests (shared/providers/xhub/client.py), in the reconciler."""
 
     requests: Counter
     request_duration: Histogram

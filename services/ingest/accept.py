@@ -28,8 +28,8 @@ from shared.db import retry_deadlock
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
 from shared.process.tasks import cancel_and_wait
+from shared.providers.xhub import PROVIDER
 from shared.queries import inbox as inbox_sql
-from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)
 

@@ -22,7 +22,7 @@ from shared.process.http_limits import HTTP_LIMITS
 from shared.process.service import Service
 from shared.process.tasks import background
 from shared.process.web import base_app
-from shared.xhub import WEBHOOK_PATH
+from shared.providers.xhub import WEBHOOK_PATH
 
 log = structlog.get_logger(__name__)
 

@@ -27,7 +27,7 @@ from shared.config import Settings
 from shared.errors import UnavailableError
 from shared.metrics import IngestMetrics
 from shared.process.http_limits import SlowBodyError, read_body
-from shared.xhub import ID_HEADER, PROVIDER
+from shared.providers.xhub import ID_HEADER, PROVIDER
 
 log = structlog.get_logger("services.ingest")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
-from shared.xhub.signatures import matching_secret
+from shared.providers.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.providers.xhub.signatures import matching_secret
 
 _MAX_ID_LENGTH = 255
 _INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only (str.isdigit() takes other scripts)

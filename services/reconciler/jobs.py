@@ -21,14 +21,14 @@ from shared.errors import PermanentError, TransientError
 from shared.messages import reconciler_headers
 from shared.metrics import ReconcilerMetrics
 from shared.order_machine import OrderState, Reason, agrees, decide
+from shared.providers.xhub import PROVIDER, STATUS_CHANGED
+from shared.providers.xhub.client import PaymentNotFoundError, ProviderAuthError, ProviderClient
+from shared.providers.xhub.events import ProviderEvent, status_changed
+from shared.providers.xhub.payments import ProviderPayment
 from shared.queries import orders as orders_sql
 from shared.queries import retention as retention_sql
 from shared.queries import schedule as schedule_sql
 from shared.queries.schedule import CLASS_NAMES, Timing
-from shared.xhub import PROVIDER, STATUS_CHANGED
-from shared.xhub.client import PaymentNotFoundError, ProviderAuthError, ProviderClient
-from shared.xhub.events import ProviderEvent, status_changed
-from shared.xhub.payments import ProviderPayment
 
 log = structlog.get_logger(__name__)
 

@@ -21,10 +21,10 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.process.web import REGISTRY
+from shared.providers.xhub.client import ProviderClient, ProviderPolicy
 from shared.queries import orders as orders_sql
 from shared.queries import schedule as schedule_sql
 from shared.queries.schedule import Timing
-from shared.xhub.client import ProviderClient, ProviderPolicy
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.provider import API_KEY, FakeProvider

@@ -20,8 +20,8 @@ DOMAIN_MODULES = [
     ROOT / "shared" / "order_machine.py",
     ROOT / "shared" / "bonus_rules.py",
     ROOT / "shared" / "vocabulary.py",
-    ROOT / "shared" / "xhub" / "events.py",
-    ROOT / "shared" / "xhub" / "signatures.py",
+    ROOT / "shared" / "providers" / "xhub" / "events.py",
+    ROOT / "shared" / "providers" / "xhub" / "signatures.py",
     ROOT / "services" / "ingest" / "webhook.py",
     ROOT / "services" / "sim" / "delivery_rules.py",
 ]

@@ -20,8 +20,8 @@ from services.ingest.webhook import (
     read_headers,
     storable_headers,
 )
-from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
-from shared.xhub.signatures import sign
+from shared.providers.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.providers.xhub.signatures import sign
 
 SECRET = b"whsec-current"
 OLD_SECRET = b"whsec-previous"
