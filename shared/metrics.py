@@ -477,6 +477,9 @@ RECONCILE_RESULTS = (
     "provider_error",
     "publish_failed",
     "stale_answer",
+    # Not asked: the payment's webhooks came from providers without a payment API only
+    # (Standard Webhooks, docs/providers.md).
+    "no_provider_api",
 )
 
 

@@ -182,6 +182,14 @@ async def webhooks_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.
     )
 
 
+async def providers_of_payment(db: Executor, payment_id: str) -> list[str]:
+    """The providers whose stored webhooks name the payment (by the inbox's lookup copy)."""
+    rows = await db.fetch(
+        "SELECT DISTINCT provider FROM inbox WHERE payment_id = $1 ORDER BY provider", payment_id
+    )
+    return [row["provider"] for row in rows]
+
+
 async def webhook(db: Executor, provider: str, event_id: str) -> asyncpg.Record | None:
     """One stored webhook with its body and headers; None if there is none."""
     return await db.fetchrow(
