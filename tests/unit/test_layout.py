@@ -303,6 +303,11 @@ def test_every_provider_package_has_an_adapter_in_the_registry() -> None:
     assert len(registered) == len(PROVIDERS) == len(provider_packages())
     assert len({p.webhook_path for p in PROVIDERS}) == len(PROVIDERS)
     assert len({p.secrets_variable for p in PROVIDERS}) == len(PROVIDERS)
+    # Message ids (the workers' idempotency keys) never collide across providers, nor with
+    # the reconciler's synthetic `reconcile:...` ids: X-Hub's bare, since before the seam.
+    for p in PROVIDERS:
+        assert p.message_id_prefix == ("" if p.name == "xhub" else f"{p.name}:"), p.name
+    assert "reconcile" not in registered
 
 
 def test_provider_packages_are_domain_modules_but_their_api_clients() -> None:
