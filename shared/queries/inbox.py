@@ -165,7 +165,8 @@ async def lock_unpublished(db: Executor, older_than_s: float, limit: int) -> lis
 # id the workers know it by (shared/providers/registry.py message_of: X-Hub's event id as it
 # is, any other provider's after its name and a colon). {extra}: more columns.
 _DESCRIBED = (
-    "SELECT i.id, i.event_id, i.event_type, i.payment_id, i.received_at, i.duplicates,"
+    "SELECT i.id, i.provider, i.event_id, i.event_type, i.payment_id, i.received_at,"
+    " i.duplicates,"
     " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
     " p.outcome AS processed_outcome{extra}"
     " FROM inbox i LEFT JOIN processed_events p"

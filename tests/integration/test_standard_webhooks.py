@@ -117,7 +117,9 @@ async def test_a_standard_payment_paid_pays_the_order_once_with_bonus_and_email(
     # The payment view finds what the orders worker decided about it.
     view = await payment_view(db, payment_id, [])
     assert view is not None
-    assert [(e["event_id"], e["outcome"]) for e in view["events"]] == [(event_id, "transitioned")]
+    assert [(e["event_id"], e["outcome"], e["status"]) for e in view["events"]] == [
+        (event_id, "transitioned", "paid")
+    ]
 
     # The same event again (a retry): a duplicate, and nothing more happens.
     assert await send(system.ingest, paid(payment_id), event_id) == {"status": "duplicate"}
