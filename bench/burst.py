@@ -46,7 +46,7 @@ from services.sim.burst import BUDGET_S, LARGEST_BACKLOG, BurstFigures, figures
 from services.sim.deliverer import TIMEOUT_S, Deliverer, DeliveryRecord, SimWebhook
 from shared.amqp.topology import Topology, delete
 from shared.process.file_limit import raise_to_hard_limit
-from shared.xhub.events import status_changed
+from shared.providers.xhub.events import status_changed
 
 DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/payhooks_burst"
 TIME_SCALE = 100.0  # the breaker's 5-minute pause takes 3 s

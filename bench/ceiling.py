@@ -50,8 +50,8 @@ from bench.stamped_load import Clients, warm_up
 from services.ingest.accept import AcceptorConfig
 from shared.amqp.publish_together import publish_together
 from shared.amqp.topology import build_topology, declare, delete
-from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
-from shared.xhub.signatures import sign
+from shared.providers.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.providers.xhub.signatures import sign
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432"

@@ -22,8 +22,8 @@ import orjson
 import uvloop
 
 from bench.raw_http import REQUEST_TIMEOUT_S, RawConnection, post_request
-from shared.xhub.events import status_changed
-from shared.xhub.signatures import signed_headers
+from shared.providers.xhub.events import status_changed
+from shared.providers.xhub.signatures import signed_headers
 
 Delivery = tuple[dict[str, str], bytes]
 

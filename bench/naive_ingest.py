@@ -20,16 +20,16 @@ from aiohttp import web
 
 from services.ingest.accept import Acceptor, Outcome, outgoing
 from services.ingest.app import SERVICE, endpoint_app
-from services.ingest.endpoint import ACCEPTOR
+from services.ingest.endpoint import ACCEPTORS, METRICS
 from services.ingest.webhook import Webhook
 from shared.amqp.broker import BROKER, Broker
 from shared.config import Settings
 from shared.db import DB_POOL, TRANSIENT_DB_ERRORS
 from shared.errors import UnavailableError
 from shared.process import service
+from shared.providers.xhub import PROVIDER
 from shared.queries import inbox as inbox_sql
 from shared.queries.inbox import InboxEntry
-from shared.xhub import PROVIDER
 
 TIMEOUT_S = 4.0
 _DB_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError)
@@ -65,7 +65,8 @@ def create_app(settings: Settings) -> web.Application:
     app = endpoint_app(settings)
 
     async def acceptor_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[ACCEPTOR] = cast(Acceptor, NaiveAcceptor(app[DB_POOL], app[BROKER]))
+        naive = cast(Acceptor, NaiveAcceptor(app[DB_POOL], app[BROKER]))
+        app[ACCEPTORS] = dict.fromkeys(app[METRICS].providers, naive)
         yield
 
     app.cleanup_ctx.append(acceptor_ctx)

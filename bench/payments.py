@@ -13,8 +13,8 @@ import asyncpg
 import orjson
 
 from bench.load import Delivery
-from shared.xhub.events import status_changed
-from shared.xhub.signatures import signed_headers
+from shared.providers.xhub.events import status_changed
+from shared.providers.xhub.signatures import signed_headers
 
 TEMPLATE = "payment_succeeded"
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from shared.config_values import amqp_url, ca_file, directory, log_format, log_level, smtp_tls
+from shared.providers.registry import PROVIDERS
 from shared.tokens import AdminToken, parse_admin_tokens, with_legacy
 
 T = TypeVar("T")
@@ -25,6 +26,7 @@ FILE_VARIABLES = frozenset(
         "DATABASE_URL",
         "AMQP_URL",
         "SMTP_PASSWORD",
+        *(provider.secrets_variable for provider in PROVIDERS),
     }
 )
 
@@ -43,7 +45,10 @@ _MAX_PROCESSES = 64
 class Settings:
     database_url: str = field(repr=False)
     amqp_url: str = field(repr=False)
-    webhook_secrets: tuple[bytes, ...] = field(repr=False)
+    webhook_secrets: tuple[bytes, ...] = field(repr=False)  # X-Hub's (XHUB_WEBHOOK_SECRETS)
+    # Every registered provider's secrets by provider name (its `secrets_variable`, parsed by
+    # the provider); () for one not configured, which then has no route.
+    provider_secrets: Mapping[str, tuple[bytes, ...]] = field(repr=False)
     timestamp_tolerance_s: int
     max_body_bytes: int
     xhub_api_url: str | None
@@ -99,6 +104,12 @@ class Settings:
             ),
             "amqp_url": reader.parse("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", amqp_url),
             "webhook_secrets": reader.parse("XHUB_WEBHOOK_SECRETS", _NO_SECRETS, _secrets),
+            "provider_secrets": {
+                provider.name: reader.parse(
+                    provider.secrets_variable, _NO_SECRETS, provider.parse_secrets
+                )
+                for provider in PROVIDERS
+            },
             "timestamp_tolerance_s": reader.parse("XHUB_TIMESTAMP_TOLERANCE", 300, _positive_int),
             "max_body_bytes": reader.parse("INGEST_MAX_BODY", 262_144, _positive_int),
             "xhub_api_url": reader.optional("XHUB_API_URL"),

@@ -20,8 +20,8 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from shared.providers.xhub import PROVIDER
 from shared.vocabulary import RECONCILE_CLASSES
-from shared.xhub import PROVIDER
 
 # No `*_created` series (process-wide): nothing reads them, and each counter and histogram
 # child would cost Prometheus one more series.
@@ -118,16 +118,22 @@ class IngestMetrics:
     secret_matched: Counter
     shed: Counter
     accept_rate: Gauge
-    # webhooks_received's children by outcome, looked up once (labels() on every request
-    # costs more than the increment).
-    received: dict[str, Counter] = field(default_factory=dict)
+    # The providers with a route (their names): webhooks_received is exported for each.
+    providers: tuple[str, ...] = (PROVIDER,)
+    # webhooks_received's children by provider, then outcome, looked up once (labels() on
+    # every request costs more than the increment).
+    received: dict[str, dict[str, Counter]] = field(default_factory=dict)
     _signed_with: dict[int, Counter] = field(default_factory=dict)
+    # Whose signed deliveries feed clock_skew and secret_matched (their help names
+    # X-Hub's header and variable); every provider's are in the log line.
+    evidence_provider: str = PROVIDER
 
     def __post_init__(self) -> None:
-        for outcome in WEBHOOK_OUTCOMES:
-            self.received[outcome] = self.webhooks_received.labels(
-                provider=PROVIDER, outcome=outcome
-            )
+        for provider in self.providers:
+            self.received[provider] = {
+                outcome: self.webhooks_received.labels(provider=provider, outcome=outcome)
+                for outcome in WEBHOOK_OUTCOMES
+            }
 
     def signed_with(self, secret_index: int) -> Counter:
         counter = self._signed_with.get(secret_index)
@@ -138,19 +144,23 @@ class IngestMetrics:
 
     @classmethod
     def create(
-        cls, registry: CollectorRegistry | None = None, *, secrets: int = 0
+        cls,
+        registry: CollectorRegistry | None = None,
+        *,
+        secrets: int = 0,
+        providers: tuple[str, ...] = (PROVIDER,),
     ) -> IngestMetrics:
-        """`secrets`: how many webhook secrets are configured (each index exported at 0)."""
+        """`secrets`: how many X-Hub webhook secrets are configured (each index exported at 0);
+        `providers`: those with a route."""
         registry = registry or new_registry()
         return cls(
             registry=registry,
-            webhooks_received=_counter(
+            providers=providers,
+            webhooks_received=Counter(
                 "payhooks_webhooks_received",
-                "Webhook requests received, by outcome.",
-                registry,
-                "outcome",
-                WEBHOOK_OUTCOMES,
-                provider=PROVIDER,
+                "Webhook requests received, by provider and outcome.",
+                ["provider", "outcome"],
+                registry=registry,
             ),
             ingest_duration=Histogram(
                 "payhooks_ingest_duration_seconds",
@@ -429,7 +439,7 @@ PROVIDER_OUTCOMES = (
 
 @dataclass(frozen=True, slots=True)
 class ProviderMetrics:
-    """The X-Hub API client's requests (shared/xhub/client.py), in the reconciler."""
+    """The X-Hub API client's requests (shared/providers/xhub/client.py), in the reconciler."""
 
     requests: Counter
     request_duration: Histogram
@@ -467,6 +477,9 @@ RECONCILE_RESULTS = (
     "provider_error",
     "publish_failed",
     "stale_answer",
+    # Not asked: the payment's webhooks came from providers without a payment API only
+    # (Standard Webhooks, docs/providers.md).
+    "no_provider_api",
 )
 
 

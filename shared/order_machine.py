@@ -12,15 +12,15 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Final, Protocol
 
-from shared.vocabulary import OrderStatus
-from shared.xhub import (
+from shared.providers.xhub import (
     REFUND_COMPLETED,
     REFUND_FAILED,
     REFUND_REJECTED,
     REFUND_REVERSED,
     STATUS_CHANGED,
 )
-from shared.xhub.events import CHECKED_STATUSES, InvalidEventError, ProviderEvent
+from shared.providers.xhub.events import CHECKED_STATUSES, InvalidEventError, ProviderEvent
+from shared.vocabulary import OrderStatus
 
 
 class Reason(StrEnum):

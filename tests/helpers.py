@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import aio_pika
 import orjson
 
-from shared.xhub.events import status_changed
-from shared.xhub.signatures import signed_headers as xhub_headers
+from shared.providers.xhub.events import status_changed
+from shared.providers.xhub.signatures import signed_headers as xhub_headers
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ import orjson
 
 from shared.config import Settings
 from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from shared.xhub import STATUS_CHANGED, WEBHOOK_PATH
-from shared.xhub.events import status_changed
-from shared.xhub.signatures import signed_headers
+from shared.providers.xhub import STATUS_CHANGED, WEBHOOK_PATH
+from shared.providers.xhub.events import status_changed
+from shared.providers.xhub.signatures import signed_headers
 
 _TIMEOUT_S = 10.0
 

@@ -28,8 +28,8 @@ from shared.db import retry_deadlock
 from shared.errors import PermanentError, UnavailableError
 from shared.metrics import IngestMetrics
 from shared.process.tasks import cancel_and_wait
+from shared.providers.registry import message_of
 from shared.queries import inbox as inbox_sql
-from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)
 
@@ -115,9 +115,12 @@ class _Item:
 
 def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
     """The message of a stored webhook (message id = event id, routed by event type; AMQP
-    short strings hold 255 bytes, the full type and id stay in the body and the inbox)."""
+    short strings hold 255 bytes, the full type and id stay in the body and the inbox). Its
+    body is the provider's event as payhooks' canonical one (X-Hub's is already), its id the
+    event id (after the provider's prefix: X-Hub's is none)."""
     key = routing_key(event_type)
-    return Outgoing(key, body, event_id, key, {"provider": provider})
+    message_id, canonical = message_of(provider, event_id, body)
+    return Outgoing(key, canonical, message_id, key, {"provider": provider})
 
 
 class Acceptor:
@@ -127,7 +130,10 @@ class Acceptor:
         broker: Broker,
         metrics: IngestMetrics,
         config: AcceptorConfig | None = None,
+        *,
+        provider: str,
     ) -> None:
+        self._provider = provider  # whose webhooks: the inbox's provider column
         self._pool = pool
         self._broker = broker
         self._metrics = metrics
@@ -292,7 +298,7 @@ class Acceptor:
                 to_send.append((entry, row))
         started = time.perf_counter()
         sent = await self._broker.start_publishes(
-            [outgoing(PROVIDER, e.event_id, e.event_type, e.body) for e, _ in to_send]
+            [outgoing(self._provider, e.event_id, e.event_type, e.body) for e, _ in to_send]
         )
         now = time.monotonic()
         for (_, row), future in zip(to_send, sent, strict=True):
@@ -349,7 +355,7 @@ class Acceptor:
         the ones it refuses alone are left out of the answer."""
         try:
             rows = await retry_deadlock(
-                lambda: inbox_sql.store_batch(self._pool, PROVIDER, entries)
+                lambda: inbox_sql.store_batch(self._pool, self._provider, entries)
             )
         except (asyncpg.DataError, asyncpg.ProgramLimitExceededError):
             # Refused data, or a value too large for an index: about the rows, not the server.

@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from services.ingest.accept import Acceptor, AcceptorConfig
-from services.ingest.endpoint import ACCEPTOR, METRICS, REFUSALS, SETTINGS, receive_webhook
+from services.ingest.endpoint import ACCEPTORS, METRICS, REFUSALS, SETTINGS, webhook_handler
 from services.ingest.refusals import Refusals
 from services.ingest.sweeper import SWEEP_AFTER_S, Sweeper
 from shared.amqp.broker import BROKER, broker_ctx
@@ -24,7 +24,7 @@ from shared.process.http_limits import HTTP_LIMITS
 from shared.process.service import Service
 from shared.process.tasks import background
 from shared.process.web import base_app
-from shared.xhub import PROVIDER, WEBHOOK_PATH
+from shared.providers.registry import configured
 
 log = structlog.get_logger(__name__)
 
@@ -43,9 +43,13 @@ def in_flight_cap(open_files: int) -> int:
 
 
 def endpoint_app(settings: Settings) -> web.Application:
-    """The webhook endpoint and all it stands on but an accept path (`ACCEPTOR`, set by a
-    cleanup context the caller adds): ingest's, and the naive benchmark baseline's."""
-    metrics = IngestMetrics.create(secrets=len(settings.webhook_secrets))
+    """The webhook endpoints (a route per provider with secrets) and all they stand on but
+    the accept paths (`ACCEPTORS`, set by a cleanup context the caller adds): ingest's, and
+    the naive benchmark baseline's."""
+    providers = configured(settings.provider_secrets)
+    metrics = IngestMetrics.create(
+        secrets=len(settings.webhook_secrets), providers=tuple(p.name for p in providers)
+    )
     # Raw bodies: the signature covers the exact bytes received, so a `Content-Encoding:
     # gzip` body is checked (and stored) as sent, and then is no JSON (400), never inflated.
     app = base_app(metrics.registry, client_max_size=settings.max_body_bytes, raw_bodies=True)
@@ -65,13 +69,14 @@ def endpoint_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=10))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
     app.cleanup_ctx.append(refusals_ctx)
-    app.router.add_post(WEBHOOK_PATH, receive_webhook)
+    for provider in providers:
+        app.router.add_post(provider.webhook_path, webhook_handler(provider))
     return app
 
 
 async def refusals_ctx(app: web.Application) -> AsyncIterator[None]:
     """Refused event ids (401, 5xx) noted by the endpoint, written in the background."""
-    refusals = Refusals(PROVIDER)
+    refusals = Refusals()
     app[REFUSALS] = refusals
     async with background(refusals.run_forever(app[DB_POOL]), "refusals"):
         yield
@@ -93,9 +98,13 @@ def create_app(
 
     async def acceptor_ctx(app: web.Application) -> AsyncIterator[None]:
         config = acceptor_config or AcceptorConfig()
-        acceptor = Acceptor(app[DB_POOL], app[BROKER], app[METRICS], config)
-        acceptor.start()
-        app[ACCEPTOR] = acceptor
+        acceptors = {
+            provider: Acceptor(app[DB_POOL], app[BROKER], app[METRICS], config, provider=provider)
+            for provider in app[METRICS].providers
+        }
+        for acceptor in acceptors.values():
+            acceptor.start()
+        app[ACCEPTORS] = acceptors
         sweeper = Sweeper(
             app[DB_POOL],
             app[BROKER],
@@ -107,7 +116,8 @@ def create_app(
             async with background(sweeper.run_forever(), "sweeper"):
                 yield
         finally:
-            await acceptor.close()
+            for acceptor in acceptors.values():
+                await acceptor.close()
 
     app.cleanup_ctx.append(acceptor_ctx)
     return app

@@ -1,9 +1,11 @@
-"""POST /webhooks/xhub: verify, dedup, persist, publish, answer; one log line per request."""
+"""POST /webhooks/{provider}: verify, dedup, persist, publish, answer; one log line per
+request. The provider's `Provider` says how to read and verify its deliveries."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -28,13 +30,15 @@ from shared.config import Settings
 from shared.errors import UnavailableError
 from shared.metrics import IngestMetrics
 from shared.process.http_limits import SlowBodyError, read_body
-from shared.xhub import ID_HEADER, PROVIDER
+from shared.providers.base import Provider
 
 log = structlog.get_logger("services.ingest")
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", IngestMetrics)
-ACCEPTOR = web.AppKey("acceptor", Acceptor)
+# An accept path per provider with a route, by provider name: dedup, confirms and batches
+# are per (provider, event id), as the inbox keys them.
+ACCEPTORS: web.AppKey[dict[str, Acceptor]] = web.AppKey("acceptors")
 # Refused event ids (401, 5xx) for `payhooks missing`: set by ingest's app (services/ingest/
 # refusals.py); an endpoint without it (the benchmark baseline) keeps none.
 REFUSALS = web.AppKey("refusals", Refusals)
@@ -62,13 +66,22 @@ class _Answer:
     signed: Signed | None = None  # an authentically signed delivery: which secret, what skew
 
 
-async def receive_webhook(request: web.Request) -> web.Response:
+def webhook_handler(provider: Provider) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The request handler of `provider`'s route."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return await receive_webhook(request, provider)
+
+    return handler
+
+
+async def receive_webhook(request: web.Request, provider: Provider) -> web.Response:
     started = time.perf_counter()
     deadline = asyncio.get_running_loop().time() + ACCEPT_BUDGET_S
-    answer = await _answer(request, deadline)
+    answer = await _answer(request, deadline, provider)
     duration_s = time.perf_counter() - started
     metrics = request.app[METRICS]
-    metrics.received[answer.outcome].inc()
+    metrics.received[provider.name][answer.outcome].inc()
     metrics.ingest_duration.observe(duration_s)
     fields: dict[str, object] = {}
     if answer.reason:
@@ -76,19 +89,24 @@ async def receive_webhook(request: web.Request) -> web.Response:
     if answer.status in (400, 413):  # X-Hub drops a non-money event answered 4xx: say why
         fields["error"] = answer.payload["error"]
     if (signed := answer.signed) is not None:
-        metrics.signed_with(signed.secret_index).inc()
+        evidence = provider.name == metrics.evidence_provider
+        if evidence:
+            metrics.signed_with(signed.secret_index).inc()
         fields["secret_index"] = signed.secret_index
         if signed.clock_skew_s is not None:
-            metrics.clock_skew.observe(signed.clock_skew_s)
+            if evidence:
+                metrics.clock_skew.observe(signed.clock_skew_s)
             fields["clock_skew_s"] = round(signed.clock_skew_s, 3)
     refusals = request.app.get(REFUSALS)
     if (answer.status == 401 or answer.status >= 500) and refusals is not None:
-        refusals.note(request.headers.get(ID_HEADER), answer.status, answer.outcome)
+        refusals.note(
+            provider.name, request.headers.get(provider.id_header), answer.status, answer.outcome
+        )
     event = log.warning if answer.outcome == "unavailable" else log.info
     event(
         "webhook.received",
-        provider=PROVIDER,
-        event_id=request.headers.get(ID_HEADER, "")[:255] or None,
+        provider=provider.name,
+        event_id=request.headers.get(provider.id_header, "")[:255] or None,
         event_type=answer.event_type,
         outcome=answer.outcome,
         status=answer.status,
@@ -106,7 +124,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
     return response
 
 
-async def _answer(request: web.Request, deadline: float) -> _Answer:
+async def _answer(request: web.Request, deadline: float, provider: Provider) -> _Answer:
     """The answer to one delivery; `deadline` (event loop time) ends the answer budget."""
     settings = request.app[SETTINGS]
     if (request.content_length or 0) > settings.max_body_bytes:
@@ -115,16 +133,17 @@ async def _answer(request: web.Request, deadline: float) -> _Answer:
         answer.close = True
         return answer
     try:
-        delivery = read_headers(request.headers)
+        delivery = read_headers(request.headers, provider)
         body = await read_body(request)
         signed = authenticate(
             delivery,
             body,
-            settings.webhook_secrets,
+            settings.provider_secrets[provider.name],
             time.time(),
             settings.timestamp_tolerance_s,
+            provider,
         )
-        webhook = parse_body(delivery, body)
+        webhook = parse_body(delivery, body, provider)
     except SlowBodyError as e:
         # A 4xx would tell the provider never to send a non-money event again: 503 it is.
         return _unavailable(str(e), close=True)
@@ -144,17 +163,17 @@ async def _answer(request: web.Request, deadline: float) -> _Answer:
 
     if not is_routed(webhook.event_type):
         log.info("webhook.unrouted", event_id=webhook.event_id, event_type=webhook.event_type)
-    answer = await _accept(request, webhook, deadline)
+    answer = await _accept(request, request.app[ACCEPTORS][provider.name], webhook, deadline)
     answer.event_type = webhook.event_type
     answer.signed = signed
     return answer
 
 
-async def _accept(request: web.Request, webhook: Webhook, deadline: float) -> _Answer:
+async def _accept(
+    request: web.Request, acceptor: Acceptor, webhook: Webhook, deadline: float
+) -> _Answer:
     try:
-        outcome = await request.app[ACCEPTOR].accept(
-            webhook, storable_headers(request.headers), deadline
-        )
+        outcome = await acceptor.accept(webhook, storable_headers(request.headers), deadline)
     except UnstorableWebhookError as e:
         return _error(400, "malformed", str(e))
     except OverloadedError as e:

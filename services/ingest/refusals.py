@@ -19,7 +19,7 @@ from shared.queries import refused as refused_sql
 
 log = structlog.get_logger(__name__)
 
-MAX_BUFFERED: Final = 10_000  # distinct (event id, status) waiting to be written
+MAX_BUFFERED: Final = 10_000  # distinct (provider, event id, status) waiting to be written
 MAX_ID_CHARS: Final = 255
 FLUSH_BATCH: Final = 1000
 FLUSH_INTERVAL_S: Final = 1.0
@@ -42,25 +42,24 @@ def keepable_id(event_id: str | None) -> str | None:
 
 
 class Refusals:
-    def __init__(self, provider: str, max_buffered: int = MAX_BUFFERED) -> None:
-        self._provider = provider
+    def __init__(self, max_buffered: int = MAX_BUFFERED) -> None:
         self._max = max_buffered
-        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._pending: dict[tuple[str, str, int], _Pending] = {}
         self.dropped = 0  # refusals not kept: buffer full, or the id not one to keep
 
-    def note(self, event_id: str | None, status: int, outcome: str) -> None:
-        """A webhook answered `status` (401 or 5xx)."""
+    def note(self, provider: str, event_id: str | None, status: int, outcome: str) -> None:
+        """A webhook of `provider` answered `status` (401 or 5xx)."""
         kept = keepable_id(event_id)
         if kept is None:
             self.dropped += 1
             return
         now = dt.datetime.now(dt.UTC)
-        pending = self._pending.get((kept, status))
+        pending = self._pending.get((provider, kept, status))
         if pending is not None:
             pending.last_at, pending.outcome = now, outcome
             pending.refusals += 1
         elif len(self._pending) < self._max:
-            self._pending[(kept, status)] = _Pending(outcome, now, now, 1)
+            self._pending[(provider, kept, status)] = _Pending(outcome, now, now, 1)
         else:
             self.dropped += 1
 
@@ -81,10 +80,8 @@ class Refusals:
             return await refused_sql.record(
                 pool,
                 [
-                    refused_sql.Refusal(
-                        self._provider, e, s, p.outcome, p.first_at, p.last_at, p.refusals
-                    )
-                    for (e, s), p in taken.items()
+                    refused_sql.Refusal(r, e, s, p.outcome, p.first_at, p.last_at, p.refusals)
+                    for (r, e, s), p in taken.items()
                 ],
             )
         except BaseException:
@@ -92,7 +89,7 @@ class Refusals:
                 self._merge_back(key, p)
             raise
 
-    def _merge_back(self, key: tuple[str, int], p: _Pending) -> None:
+    def _merge_back(self, key: tuple[str, str, int], p: _Pending) -> None:
         now = self._pending.get(key)
         if now is None:
             self._pending[key] = p  # may pass the bound by what was taken: at most a batch

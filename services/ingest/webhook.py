@@ -1,4 +1,5 @@
-"""Turning an HTTP delivery into a verified webhook, or saying exactly why not. No I/O."""
+"""Turning an HTTP delivery into a verified webhook, or saying exactly why not. No I/O.
+What differs per provider (headers, signature scheme, body shape) is its `Provider`'s."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 
 import orjson
 
-from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
-from shared.xhub.signatures import matching_secret
+# MalformedWebhookError: raised here and by the providers' body checks (their `headline`).
+from shared.providers.base import MalformedWebhookError as MalformedWebhookError
+from shared.providers.base import Provider
 
 _MAX_ID_LENGTH = 255
 _INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only (str.isdigit() takes other scripts)
@@ -18,19 +20,16 @@ _INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only (str.isdigit() takes oth
 _UNSTORED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 
-class MalformedWebhookError(ValueError):
-    """The request can never be a valid webhook (400, outcome `malformed`)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Signed:
     """What an authentically signed delivery says about our own configuration."""
 
-    # Position of the matching secret in XHUB_WEBHOOK_SECRETS (0 = the first): which secret
-    # X-Hub signs with, so an old one is retired on evidence. Never the secret itself.
+    # Position of the matching secret in the provider's secrets (XHUB_WEBHOOK_SECRETS, ...;
+    # 0 = the first): which secret the provider signs with, so an old one is retired on
+    # evidence. Never the secret itself.
     secret_index: int
-    # Our clock minus X-Webhook-Timestamp, in seconds: positive when the delivery's timestamp
-    # is in our past (our clock ahead of X-Hub's, plus transit), negative when in our future.
+    # Our clock minus the delivery's timestamp header, in seconds: positive when it is in our
+    # past (our clock ahead of the provider's, plus transit), negative when in our future.
     # None for a timestamp of more than 15 digits, which no clock is near.
     clock_skew_s: float | None
 
@@ -67,18 +66,19 @@ class Webhook:
     body: bytes
 
 
-def read_headers(headers: Mapping[str, str]) -> WebhookHeaders:
-    event_id = headers.get(ID_HEADER, "").strip()
-    timestamp = headers.get(TIMESTAMP_HEADER, "").strip()
+def read_headers(headers: Mapping[str, str], provider: Provider) -> WebhookHeaders:
+    id_header, timestamp_header = provider.id_header, provider.timestamp_header
+    event_id = headers.get(id_header, "").strip()
+    timestamp = headers.get(timestamp_header, "").strip()
     if not event_id:
-        raise MalformedWebhookError(f"missing {ID_HEADER} header")
+        raise MalformedWebhookError(f"missing {id_header} header")
     if len(event_id) > _MAX_ID_LENGTH or not event_id.isprintable():
-        raise MalformedWebhookError(f"{ID_HEADER} must be 1-{_MAX_ID_LENGTH} printable characters")
+        raise MalformedWebhookError(f"{id_header} must be 1-{_MAX_ID_LENGTH} printable characters")
     if not timestamp:
-        raise MalformedWebhookError(f"missing {TIMESTAMP_HEADER} header")
+        raise MalformedWebhookError(f"missing {timestamp_header} header")
     if not _INTEGER.fullmatch(timestamp):
-        raise MalformedWebhookError(f"{TIMESTAMP_HEADER} must be Unix seconds")
-    return WebhookHeaders(event_id, timestamp, headers.get(SIGNATURE_HEADER, ""))
+        raise MalformedWebhookError(f"{timestamp_header} must be Unix seconds")
+    return WebhookHeaders(event_id, timestamp, headers.get(provider.signature_header, ""))
 
 
 def authenticate(
@@ -87,6 +87,7 @@ def authenticate(
     secrets: tuple[bytes, ...],
     now_s: float,
     tolerance_s: int,
+    provider: Provider,
 ) -> Signed:
     """Which secret signed the delivery and how far its timestamp is from `now_s`; raise
     RejectedWebhookError unless the signature matches and the timestamp is fresh.
@@ -95,8 +96,12 @@ def authenticate(
     too far off, which is what an operator needs to know.
     """
     if not delivery.signature:
-        raise RejectedWebhookError("invalid_signature", f"missing {SIGNATURE_HEADER} header")
-    index = matching_secret(secrets, delivery.timestamp, body, delivery.signature)
+        raise RejectedWebhookError(
+            "invalid_signature", f"missing {provider.signature_header} header"
+        )
+    index = provider.matching_secret(
+        secrets, delivery.event_id, delivery.timestamp, body, delivery.signature
+    )
     if index is None:
         raise RejectedWebhookError("invalid_signature", "signature does not match")
     # A numeric timestamp far off (milliseconds, a negative one) is a clock problem: stale.
@@ -108,21 +113,18 @@ def authenticate(
     return signed
 
 
-def parse_body(delivery: WebhookHeaders, body: bytes) -> Webhook:
+def parse_body(delivery: WebhookHeaders, body: bytes, provider: Provider) -> Webhook:
     try:
         payload: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise MalformedWebhookError("body is not valid JSON") from None
     if not isinstance(payload, dict):
         raise MalformedWebhookError("body must be a JSON object")
-    event_type = payload.get("event")
-    if not isinstance(event_type, str) or not event_type.strip():
-        raise MalformedWebhookError('body has no "event" type')
-    payment_id = payload.get("payment_id")
+    headline = provider.headline(payload)
     return Webhook(
         event_id=delivery.event_id,
-        event_type=event_type,
-        payment_id=_payment_id(payment_id),
+        event_type=headline.event_type,
+        payment_id=_payment_id(headline.payment_id),
         body=body,
     )
 

@@ -20,11 +20,11 @@ from shared.db import Executor
 from shared.messages import OrderTransition, checked_at_of
 from shared.metrics import OrderMetrics
 from shared.order_machine import REFUND_FAILURES, UNDECIDED, OrderState, decide
+from shared.providers.xhub.events import InvalidEventError, parse_event
 from shared.queries import orders as orders_sql
 from shared.queries import outbox as outbox_sql
 from shared.queries import parked as parked_sql
 from shared.worker.batches import BatchHandler, Delivery, Result, Step, apply_set_batch
-from shared.xhub.events import InvalidEventError, parse_event
 
 log = structlog.get_logger(__name__)
 

@@ -20,8 +20,8 @@ from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
 from shared.process.service import Service
 from shared.process.tasks import background, keep_running
 from shared.process.web import base_app
+from shared.providers.xhub.client import ProviderClient
 from shared.queries.orders import UNDECIDED_CHANNEL
-from shared.xhub.client import ProviderClient
 
 log = structlog.get_logger(__name__)
 

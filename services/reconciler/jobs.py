@@ -21,14 +21,16 @@ from shared.errors import PermanentError, TransientError
 from shared.messages import reconciler_headers
 from shared.metrics import ReconcilerMetrics
 from shared.order_machine import OrderState, Reason, agrees, decide
+from shared.providers.registry import has_payment_api
+from shared.providers.xhub import PROVIDER, STATUS_CHANGED
+from shared.providers.xhub.client import PaymentNotFoundError, ProviderAuthError, ProviderClient
+from shared.providers.xhub.events import ProviderEvent, status_changed
+from shared.providers.xhub.payments import ProviderPayment
+from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
 from shared.queries import retention as retention_sql
 from shared.queries import schedule as schedule_sql
 from shared.queries.schedule import CLASS_NAMES, Timing
-from shared.xhub import PROVIDER, STATUS_CHANGED
-from shared.xhub.client import PaymentNotFoundError, ProviderAuthError, ProviderClient
-from shared.xhub.events import ProviderEvent, status_changed
-from shared.xhub.payments import ProviderPayment
 
 log = structlog.get_logger(__name__)
 
@@ -106,6 +108,13 @@ async def _ask_about(
     """Ask the provider about one claimed order and act on the answer; False if the question
     did not end (the repair it called for was not published)."""
     payment_id = row["payment_id"]
+    providers = await inbox_sql.providers_of_payment(pool, payment_id)
+    if providers and not any(has_payment_api(p) for p in providers):
+        # Its webhooks come from a provider with no API to ask (Standard Webhooks): asking
+        # X-Hub would only earn a 404. Repaired by its sender's redeliveries; rescheduled.
+        metrics.checked.labels(result="no_provider_api").inc()
+        log.info("reconcile.no_provider_api", payment_id=payment_id, providers=providers)
+        return True
     try:
         payment = await client.get_payment(payment_id)
     except PaymentNotFoundError:

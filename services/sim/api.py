@@ -1,5 +1,5 @@
 """The simulator's fake X-Hub payments API: `GET /payments/{id}` with a Bearer key, answering
-from the simulator's PaymentBook in the shape shared/xhub/payments.py reads."""
+from the simulator's PaymentBook in the shape shared/providers/xhub/payments.py reads."""
 
 from __future__ import annotations
 

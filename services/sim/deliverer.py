@@ -29,8 +29,8 @@ from services.sim.delivery_rules import (
     is_money_event,
     next_action,
 )
-from shared.xhub import WEBHOOK_PATH
-from shared.xhub.signatures import signed_headers
+from shared.providers.xhub import WEBHOOK_PATH
+from shared.providers.xhub.signatures import signed_headers
 
 TIMEOUT_S: Final = 10.0
 

@@ -23,8 +23,8 @@ from typing import Final
 from services.sim.api import PaymentBook
 from services.sim.deliverer import Deliverer, DeliveryRecord, Result, SimWebhook
 from shared.db import Executor
+from shared.providers.xhub.events import status_changed
 from shared.queries import orders as orders_sql
-from shared.xhub.events import status_changed
 
 FLOWS: Final[Mapping[str, tuple[str, ...]]] = {
     "paid": ("paid",),

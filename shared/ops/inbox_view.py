@@ -22,9 +22,9 @@ from shared.ops.connections import UnreachableError
 from shared.ops.dlq import DeadLetter
 from shared.ops.order_input import text_problem
 from shared.order_machine import Reason
+from shared.providers.xhub import PROVIDER
 from shared.queries import inbox as inbox_sql
 from shared.queries.inbox import EventFilter, Position, storable_text
-from shared.xhub import PROVIDER
 
 QUEUED = "queued"
 UNPUBLISHED = "stored, not yet published"

@@ -11,6 +11,7 @@ from shared.db import Executor
 from shared.ops.dlq import DeadLetter
 from shared.ops.inbox_view import webhook_json
 from shared.ops.order_input import order_json
+from shared.providers.registry import message_of
 from shared.queries import emails as emails_sql
 from shared.queries import inbox as inbox_sql
 from shared.queries import ledger as ledger_sql
@@ -36,8 +37,10 @@ async def payment_view(
     dead = {d.event_id: d for d in dead_letters if d.payment_id == payment_id}
     events, refund_failures = [], []
     for row in webhooks:
+        # As the workers saw it: the canonical event, under its message id (docs/providers.md).
+        message_id, canonical = message_of(row["provider"], row["event_id"], row["body"])
         try:
-            body = orjson.loads(row["body"])
+            body = orjson.loads(canonical)
             status, refund_id = body.get("status"), body.get("refund_id")
         except (orjson.JSONDecodeError, AttributeError):
             status = refund_id = None
@@ -51,7 +54,7 @@ async def payment_view(
                 }
             )
         # Besides what every view says about a webhook, the payment's status it reports.
-        events.append({**webhook_json(row, dead.get(row["event_id"])), "status": status})
+        events.append({**webhook_json(row, dead.get(message_id)), "status": status})
     undecided = None
     if order is not None and order["undecided_since"] is not None:
         undecided = {"reason": order["undecided_reason"], "since": _iso(order["undecided_since"])}

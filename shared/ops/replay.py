@@ -34,6 +34,7 @@ from shared.ops.replay_selection import (
     outcome_matches,
     takes,
 )
+from shared.providers.registry import message_of, worker_id
 from shared.queries import inbox as inbox_sql
 from shared.queries import processed as processed_sql
 from shared.queries import replay as replay_sql
@@ -178,11 +179,13 @@ async def plan(db: Executor, request: ReplayRequest) -> Plan:
             continue
         for worker, kind in what.items():
             if kind == EVENT:
+                # As ingest sent it: the canonical event under the id the workers know.
+                mid, body = message_of(row["provider"], row["event_id"], bytes(row["body"]))
                 workers[worker].messages.append(
                     Message(
-                        message_id(row["event_id"]),
+                        message_id(mid),
                         routing_key(row["event_type"]),
-                        bytes(row["body"]),
+                        body,
                         {"provider": row["provider"], **headers},
                     )
                 )
@@ -208,7 +211,7 @@ async def _add_transitions(
     headers: dict[str, str],
     workers: dict[str, WorkerPlan],
 ) -> None:
-    sources = {message_id(r["event_id"]): r for r in rows}
+    sources = {message_id(worker_id(r["provider"], r["event_id"])): r for r in rows}
     payments = sorted({r["payment_id"] for r in rows if r["payment_id"] is not None})
     transitions = await replay_sql.transitions_caused(db, payments, list(sources))
     # The outbox message of each: its id is the transition's, as the orders worker made it.

@@ -13,9 +13,9 @@ from shared.amqp.topology import WORK_QUEUES, queues_for
 from shared.ops.dlq import parse_time
 from shared.ops.inbox_view import OUTCOME_FILTERS, UNPUBLISHED, outcome_of
 from shared.ops.order_input import text_problem
+from shared.providers.registry import DEFAULT
 from shared.queries.inbox import storable_text
 from shared.queries.replay import InboxWhere
-from shared.xhub import PROVIDER
 
 WORKERS = WORK_QUEUES  # orders, bonuses, emails: the names `--worker` takes
 # The most events one run replays: beyond it, narrow the selection or take the oldest with
@@ -97,7 +97,7 @@ class ReplayRequest:
         )
         if where.event_ids and where.provider is None:
             # Event ids are unique per provider (the index that finds them starts with it).
-            where = replace(where, provider=PROVIDER)
+            where = replace(where, provider=DEFAULT.name)
         if len(where.event_ids) > MAX_IDS:
             raise ReplayInputError("event_ids", f"must be at most {MAX_IDS}")
         if where.since is not None and where.until is not None and where.since > where.until:

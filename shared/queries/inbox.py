@@ -161,14 +161,17 @@ async def lock_unpublished(db: Executor, older_than_s: float, limit: int) -> lis
 
 
 # A stored webhook as the views describe it: whether RabbitMQ confirmed it, and what the orders
-# worker decided about it (shared/ops/inbox_view.py turns both into its outcome). {extra}: more
-# columns.
+# worker decided about it (shared/ops/inbox_view.py turns both into its outcome), found by the
+# id the workers know it by (shared/providers/registry.py message_of: X-Hub's event id as it
+# is, any other provider's after its name and a colon). {extra}: more columns.
 _DESCRIBED = (
-    "SELECT i.id, i.event_id, i.event_type, i.payment_id, i.received_at, i.duplicates,"
+    "SELECT i.id, i.provider, i.event_id, i.event_type, i.payment_id, i.received_at,"
+    " i.duplicates,"
     " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
     " p.outcome AS processed_outcome{extra}"
     " FROM inbox i LEFT JOIN processed_events p"
-    "   ON p.worker = 'orders' AND p.event_id = i.event_id"
+    "   ON p.worker = 'orders' AND p.event_id = CASE i.provider WHEN 'xhub' THEN i.event_id"
+    "     ELSE i.provider || ':' || i.event_id END"
 )
 
 
@@ -178,6 +181,14 @@ async def webhooks_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.
         + " WHERE i.payment_id = $1 ORDER BY i.received_at, i.id",
         payment_id,
     )
+
+
+async def providers_of_payment(db: Executor, payment_id: str) -> list[str]:
+    """The providers whose stored webhooks name the payment (by the inbox's lookup copy)."""
+    rows = await db.fetch(
+        "SELECT DISTINCT provider FROM inbox WHERE payment_id = $1 ORDER BY provider", payment_id
+    )
+    return [row["provider"] for row in rows]
 
 
 async def webhook(db: Executor, provider: str, event_id: str) -> asyncpg.Record | None:

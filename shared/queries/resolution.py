@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from shared.amqp.topology import message_id
 from shared.db import Executor
+from shared.providers.registry import worker_id
 from shared.queries.processed import processed_of
 
 ORDERS_WORKER = "orders"
@@ -35,13 +36,17 @@ async def in_flight(conn: Executor, payment_id: str) -> list[InFlight]:
         payment_id,
     )
     stored = await conn.fetch(
-        "SELECT event_id, event_type FROM inbox WHERE payment_id = $1"
+        "SELECT provider, event_id, event_type FROM inbox WHERE payment_id = $1"
         f" AND {ORDERS_EVENTS_SQL} ORDER BY received_at, id",
         payment_id,
     )
     waiting = [InFlight(r["event_id"], r["event_type"], "parked") for r in parked]
     seen = {w.event_id for w in waiting}
-    ids = {message_id(r["event_id"]): r for r in stored if r["event_id"] not in seen}
+    ids = {
+        message_id(worker_id(r["provider"], r["event_id"])): r
+        for r in stored
+        if r["event_id"] not in seen
+    }
     done = await processed_of(conn, ORDERS_WORKER, list(ids)) if ids else set()
     waiting.extend(
         InFlight(r["event_id"], r["event_type"], "queued")

@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
+from shared.providers.xhub import PROVIDER
 from shared.queries import inbox as inbox_sql
 from shared.queries import processed as processed_sql
 from shared.queries.inbox import InboxEntry
-from shared.xhub import PROVIDER
 from tests.integration.test_dlq import new_id
 
 HEADERS = {"Content-Type": "application/json", "X-Webhook-Id": "set per event"}

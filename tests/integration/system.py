@@ -227,7 +227,8 @@ _PROGRESS = """
 SELECT
   (SELECT count(*) FROM inbox_unpublished) AS inbox_unpublished,
   (SELECT count(*) FROM inbox i WHERE NOT EXISTS (
-      SELECT 1 FROM processed_events p WHERE p.worker = 'orders' AND p.event_id = i.event_id)
+      SELECT 1 FROM processed_events p WHERE p.worker = 'orders' AND p.event_id =
+        CASE i.provider WHEN 'xhub' THEN i.event_id ELSE i.provider || ':' || i.event_id END)
   ) AS orders_pending,
   (SELECT count(*) FROM inbox) AS inbox,
   (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS outbox_unpublished,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.xhub.signatures import verify
+from shared.providers.xhub.signatures import verify
 
 REPO = Path(__file__).resolve().parents[2]
 # Not the repository's root, where a developer's .env would fill in what a test leaves unset.

@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestClient
 from services.ingest.app import create_app
 from shared.amqp.broker import BROKER
 from shared.config import Settings
-from shared.xhub import SIGNATURE_HEADER, TIMESTAMP_HEADER, WEBHOOK_PATH
-from shared.xhub.signatures import verify
+from shared.providers.xhub import SIGNATURE_HEADER, TIMESTAMP_HEADER, WEBHOOK_PATH
+from shared.providers.xhub.signatures import verify
 from tests.conftest import TEST_SECRETS
 from tests.integration.test_cli_operators import closed_port
 from tests.integration.test_dlq import new_id

@@ -29,7 +29,7 @@ from services.sim.deliverer import TIMEOUT_S, Deliverer, Result, SimWebhook
 from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.process.file_limit import raise_to_hard_limit
-from shared.xhub.events import status_changed
+from shared.providers.xhub.events import status_changed
 from tests.conftest import TEST_SECRETS
 from tests.helpers import eventually
 from tests.processes import ServiceProcess, ServiceProcesses

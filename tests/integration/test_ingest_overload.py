@@ -27,7 +27,7 @@ from services.sim.deliverer import TIMEOUT_S, Deliverer, Result, SimWebhook
 from shared.amqp.broker import BROKER
 from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.xhub.events import status_changed
+from shared.providers.xhub.events import status_changed
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, eventually, payment_event
 from tests.rabbitmq_alarm import memory_alarm, unavailable_reason

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.ingest.app import create_app
 from shared.amqp.broker import BROKER
 from shared.config import Settings
-from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
-from shared.xhub.signatures import sign
+from shared.providers.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.providers.xhub.signatures import sign
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, payment_event
 

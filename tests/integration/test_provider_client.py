@@ -23,15 +23,15 @@ from structlog.testing import capture_logs
 from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
 from shared.metrics import PROVIDER_OUTCOMES, ProviderMetrics
-from shared.xhub.client import (
+from shared.providers.xhub.client import (
     PaymentNotFoundError,
     ProviderAuthError,
     ProviderClient,
     ProviderPolicy,
     ProviderUnavailableError,
 )
-from shared.xhub.pacing import parse_retry_after
-from shared.xhub.payments import ProviderPayment, ProviderResponseError
+from shared.providers.xhub.pacing import parse_retry_after
+from shared.providers.xhub.payments import ProviderPayment, ProviderResponseError
 
 API_KEY = "sk_live_DO-NOT-LEAK-7f3a9c"
 # Short timeouts and backoffs so every test runs in well under a second unless it measures a wait.

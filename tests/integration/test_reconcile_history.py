@@ -21,7 +21,7 @@ from tests.integration.system import System, effects, register
 AFTER_S, INTERVAL_S = 3.0, 2.0
 BOUND_S = AFTER_S + 2 * INTERVAL_S
 HISTORY = 100_000
-BUDGET_PER_S = 10  # the provider client's default rate limit (shared/xhub/client.py)
+BUDGET_PER_S = 10  # the provider client's default rate limit (shared/providers/xhub/client.py)
 
 # A shop's last 30 days, most of it due for a question (share, status, age of the last
 # change, when due again; NULL: never asked since that change):

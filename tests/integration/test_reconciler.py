@@ -21,10 +21,10 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.process.web import REGISTRY
+from shared.providers.xhub.client import ProviderClient, ProviderPolicy
 from shared.queries import orders as orders_sql
 from shared.queries import schedule as schedule_sql
 from shared.queries.schedule import Timing
-from shared.xhub.client import ProviderClient, ProviderPolicy
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.provider import API_KEY, FakeProvider
@@ -611,3 +611,40 @@ async def test_an_order_changed_while_it_was_asked_about_keeps_its_new_schedule(
         )
         is None
     )
+
+
+async def test_a_payment_known_only_from_a_provider_without_an_api_is_not_asked_about(
+    db: Any, provider: FakeProvider, reconciler: Any
+) -> None:
+    """Standard Webhooks has no payments API (docs/providers.md): its payments' orders are
+    rescheduled without a question to X-Hub's API, where they would only be a 404."""
+    for payment_id in ("pay_std_quiet", "pay_std_and_xhub"):
+        await register(db, payment_id)
+        await make_stale(db, payment_id)
+    stored = [("standard", "msg_1", "pay_std_quiet"), ("standard", "msg_2", "pay_std_and_xhub")]
+    stored.append(("xhub", "evt_3", "pay_std_and_xhub"))
+    for source, event_id, payment_id in stored:
+        await db.execute(
+            "INSERT INTO inbox (provider, event_id, event_type, payment_id, body, headers)"
+            " VALUES ($1, $2, 'payment.status_changed', $3, '{}', '{}')",
+            source,
+            event_id,
+            payment_id,
+        )
+    provider.set("pay_std_and_xhub", "paid")
+
+    assert await reconciler() == 2
+
+    assert provider.asked == ["pay_std_and_xhub"]  # only the payment X-Hub spoke of too
+    checked = {
+        result: reconciler.registry.get_sample_value(
+            "payhooks_reconcile_checked_total", {"result": result}
+        )
+        for result in ("no_provider_api", "repaired", "not_found")
+    }
+    assert checked == {"no_provider_api": 1, "repaired": 1, "not_found": 0}
+    quiet = await db.fetchrow(
+        "SELECT status, next_check_at FROM orders WHERE payment_id = 'pay_std_quiet'"
+    )
+    assert quiet["status"] == "PENDING"
+    assert quiet["next_check_at"] is not None  # asked again later, at growing intervals

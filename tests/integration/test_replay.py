@@ -23,8 +23,8 @@ from shared.config import Settings
 from shared.ops.operator_actions import Edge, Operator, replay_recorded
 from shared.ops.replay_selection import ReplayRequest
 from shared.process.web import REGISTRY
+from shared.providers.xhub import PROVIDER
 from shared.queries import inbox as inbox_sql
-from shared.xhub import PROVIDER
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
 from tests.integration.system import (

@@ -28,11 +28,11 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.errors import EXIT_OK
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
+from shared.providers.xhub.client import ProviderClient, ProviderPolicy
+from shared.providers.xhub.signatures import verify
 from shared.queries import orders as orders_sql
 from shared.queries.schedule import Timing
 from shared.vocabulary import OrderStatus
-from shared.xhub.client import ProviderClient, ProviderPolicy
-from shared.xhub.signatures import verify
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import eventually
 from tests.integration.system import depths, dlqs, smtp_counts, start_system, system_settings

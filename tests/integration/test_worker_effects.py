@@ -34,10 +34,10 @@ from shared.config import Settings
 from shared.db import create_pool
 from shared.messages import ORDER_TRANSITION_SCHEMA
 from shared.metrics import OrderMetrics, WorkerMetrics, new_registry
+from shared.providers.xhub.events import InvalidEventError
 from shared.vocabulary import OrderStatus
 from shared.worker.batches import BatchHandler, Delivery, Result
 from shared.worker.runtime import Worker
-from shared.xhub.events import InvalidEventError
 from tests.batch_handlers import Handler, one_by_one
 from tests.conftest import SmtpSink
 from tests.helpers import drain, eventually, payment_event

@@ -425,3 +425,36 @@ def test_log_format_is_json_console_or_unset(raw: str | None, expected: str | No
 
 def test_an_unknown_log_format_is_named() -> None:
     assert "LOG_FORMAT" in config_error({"LOG_FORMAT": "pretty"})
+
+
+# --- every registered provider's secrets (shared/providers/registry.py) ----------------------
+
+
+def test_each_provider_has_its_secrets_and_only_those_configured_get_a_route() -> None:
+    from shared.providers.registry import configured
+
+    key = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    settings = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "new, old"})
+    assert settings.provider_secrets == {"xhub": (b"new", b"old"), "standard": ()}
+    assert [p.name for p in configured(settings.provider_secrets)] == ["xhub"]
+
+    both = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "s", "STANDARD_WEBHOOK_SECRETS": key})
+    assert len(both.provider_secrets["standard"]) == 1
+    assert [p.name for p in configured(both.provider_secrets)] == ["xhub", "standard"]
+
+
+def test_a_malformed_standard_secret_is_named_never_shown() -> None:
+    error = config_error({"STANDARD_WEBHOOK_SECRETS": f"whsec_{SECRET_LOOKING}!"})
+
+    assert "STANDARD_WEBHOOK_SECRETS must be comma-separated whsec_<base64> secrets" in error
+    assert SECRET_LOOKING not in error
+
+
+def test_standard_secrets_may_come_from_a_file_and_stay_out_of_repr(tmp_path: Path) -> None:
+    secret = tmp_path / "standard"
+    secret.write_text("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
+    settings = Settings.from_env({"STANDARD_WEBHOOK_SECRETS_FILE": str(secret)})
+
+    assert len(settings.provider_secrets["standard"]) == 1
+    assert "provider_secrets" not in repr(settings)
+    assert "provider_secrets" not in settings.redacted()

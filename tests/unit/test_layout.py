@@ -20,8 +20,8 @@ DOMAIN_MODULES = [
     ROOT / "shared" / "order_machine.py",
     ROOT / "shared" / "bonus_rules.py",
     ROOT / "shared" / "vocabulary.py",
-    ROOT / "shared" / "xhub" / "events.py",
-    ROOT / "shared" / "xhub" / "signatures.py",
+    ROOT / "shared" / "providers" / "xhub" / "events.py",
+    ROOT / "shared" / "providers" / "xhub" / "signatures.py",
     ROOT / "services" / "ingest" / "webhook.py",
     ROOT / "services" / "sim" / "delivery_rules.py",
 ]
@@ -235,3 +235,132 @@ def test_the_folder_check_sees_every_spelling() -> None:
     assert _wing_of(ROOT / "shared" / "ops" / "dlq.py") == "ops"
     assert _wing_of(ROOT / "shared" / "queries" / "inbox.py") == GROUND
     assert _wing_of(ROOT / "shared" / "errors.py") == GROUND
+
+
+# Providers: what differs per provider lives in its package under shared/providers/ (a
+# `Provider` in its adapter.py); the registry alone names them all. X-Hub's body shape is
+# payhooks' canonical event and its API the reconciler's, so these modules, which predate the
+# seam, import shared.providers.xhub directly: a closed list, a new module goes through the
+# registry (or, for the canonical event, shared/providers/xhub/events.py's users here).
+PROVIDERS_ROOT = ROOT / "shared" / "providers"
+PROVIDER_REGISTRY = PROVIDERS_ROOT / "registry.py"
+XHUB_USERS = {
+    ROOT / path
+    for path in (
+        "shared/metrics.py",  # the provider label's default, the signing evidence's provider
+        "shared/order_machine.py",  # the canonical event's names and ProviderEvent
+        "shared/ops/inbox_view.py",  # operators' views: issue 35 item 5
+        "services/api/console/pages.py",  # ditto
+        "services/orders/handler.py",  # parse_event: the canonical event
+        "services/reconciler/app.py",  # X-Hub's API client (the only provider API so far)
+        "services/reconciler/jobs.py",  # ditto, and its synthetic canonical events
+        "services/sim/deliverer.py",  # the simulator speaks X-Hub: issue 35 item 4
+        "services/sim/scenario.py",  # ditto
+        "services/cli/send.py",  # `payhooks send` signs as X-Hub: issue 35 item 4
+    )
+}
+
+
+def provider_packages() -> list[str]:
+    return sorted(p.parent.name for p in PROVIDERS_ROOT.glob("*/__init__.py"))
+
+
+def _provider_imported(tree: ast.AST) -> set[str]:
+    """The provider packages a module imports, however spelled."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    packages = set(provider_packages())
+    prefix = "shared.providers."
+    return {
+        name.removeprefix(prefix).split(".")[0] for name in names if name.startswith(prefix)
+    } & packages
+
+
+def test_provider_packages_are_reached_through_the_registry() -> None:
+    offenders = []
+    for path in sources("shared", "services"):
+        own = path.relative_to(PROVIDERS_ROOT).parts[0] if PROVIDERS_ROOT in path.parents else ""
+        if path == PROVIDER_REGISTRY:
+            continue
+        allowed = {own} | ({"xhub"} if path in XHUB_USERS else set())
+        wrong = _provider_imported(ast.parse(path.read_text())) - allowed
+        if wrong:
+            offenders.append(f"{path.relative_to(ROOT)} imports shared/providers/{sorted(wrong)}")
+    assert offenders == []
+
+
+def test_every_provider_package_has_an_adapter_in_the_registry() -> None:
+    from shared.providers.registry import PROVIDERS
+
+    registered = {p.name for p in PROVIDERS}
+    for package in provider_packages():
+        assert (PROVIDERS_ROOT / package / "adapter.py").exists(), package
+    assert len(registered) == len(PROVIDERS) == len(provider_packages())
+    assert len({p.webhook_path for p in PROVIDERS}) == len(PROVIDERS)
+    assert len({p.secrets_variable for p in PROVIDERS}) == len(PROVIDERS)
+    # Message ids (the workers' idempotency keys) never collide across providers, nor with
+    # the reconciler's synthetic `reconcile:...` ids: X-Hub's bare, since before the seam.
+    for p in PROVIDERS:
+        assert p.message_id_prefix == ("" if p.name == "xhub" else f"{p.name}:"), p.name
+    assert "reconcile" not in registered
+
+
+def test_provider_packages_are_domain_modules_but_their_api_clients() -> None:
+    for path in PROVIDERS_ROOT.rglob("*.py"):
+        if path.stem == "client":  # the reconciler's HTTP client, the one I/O module
+            continue
+        roots = {name.split(".")[0] for name in imported_modules(ast.parse(path.read_text()))}
+        assert not roots & IO_LIBRARIES, f"{path.relative_to(ROOT)} imports {roots & IO_LIBRARIES}"
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+
+
+# Spelled outside their package on purpose: SPEC section 2 makes XHUB_WEBHOOK_SECRETS
+# ingest's required variable (config.py reads it for the tools' `webhook_secrets`, and
+# `payhooks run all` makes a dev one when it is missing).
+NAMES_ALLOWED = {
+    (ROOT / "shared" / "config.py", "XHUB_WEBHOOK_SECRETS"),
+    (ROOT / "services" / "ingest" / "app.py", "XHUB_WEBHOOK_SECRETS"),
+    (ROOT / "services" / "cli" / "run_all.py", "XHUB_WEBHOOK_SECRETS"),
+}
+
+
+def test_provider_specific_names_are_spelled_only_in_their_package() -> None:
+    """Header names, routes and secrets variables of a provider appear as literals nowhere in
+    shared/ or services/ but its own package: ingest reads them from its `Provider`."""
+    from shared.providers.registry import PROVIDERS
+
+    owner = {}
+    for p in PROVIDERS:
+        for name in (p.id_header, p.timestamp_header, p.signature_header, p.webhook_path):
+            owner[name.lower()] = p.name
+        owner[p.secrets_variable.lower()] = p.name
+    offenders = []
+    for path in sources("shared", "services"):
+        for lineno, text in _strings(ast.parse(path.read_text())):
+            provider = owner.get(text.lower())
+            if provider is None or (path, text) in NAMES_ALLOWED:
+                continue
+            inside = (PROVIDERS_ROOT / provider) in path.parents
+            if not inside:
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno} spells {text!r}")
+    assert offenders == []
+
+
+def test_the_provider_check_sees_every_spelling() -> None:
+    spelled = (
+        "from shared.providers import standard\n"
+        "def f():\n    import shared.providers.xhub.events\n"
+        "from shared.providers.base import Provider\n"
+        "from shared.providers.registry import PROVIDERS\n"
+    )
+    assert _provider_imported(ast.parse(spelled)) == {"standard", "xhub"}

@@ -26,8 +26,8 @@ from shared.order_machine import (
     agrees,
     decide,
 )
+from shared.providers.xhub.events import InvalidEventError, ProviderEvent, parse_event
 from shared.vocabulary import OrderStatus
-from shared.xhub.events import InvalidEventError, ProviderEvent, parse_event
 
 PEN = OrderStatus.PENDING
 PAI = OrderStatus.PAID

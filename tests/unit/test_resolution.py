@@ -133,11 +133,12 @@ def test_only_an_id_that_can_be_one_is_kept() -> None:
 
 
 def test_the_buffer_of_refusals_is_bounded_and_counts_copies_once_per_id() -> None:
-    refusals = Refusals("xhub", max_buffered=2)
-    refusals.note("a", 401, "invalid_signature")
-    refusals.note("a", 401, "stale")
-    refusals.note("a", 503, "unavailable")
-    refusals.note("b", 503, "unavailable")
-    refusals.note(None, 503, "unavailable")
-    assert len(refusals) == 2
+    refusals = Refusals(max_buffered=3)
+    refusals.note("xhub", "a", 401, "invalid_signature")
+    refusals.note("xhub", "a", 401, "stale")
+    refusals.note("xhub", "a", 503, "unavailable")
+    refusals.note("standard", "a", 401, "invalid_signature")  # another provider's "a"
+    refusals.note("xhub", "b", 503, "unavailable")
+    refusals.note("xhub", None, 503, "unavailable")
+    assert len(refusals) == 3
     assert refusals.dropped == 2  # "b" past the bound, and the id that was none

@@ -8,7 +8,7 @@ import hmac
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.xhub.signatures import matching_secret, sign, verify
+from shared.providers.xhub.signatures import matching_secret, sign, verify
 
 TIMESTAMP = "1700000000"
 BODY = b'{"event":"payment.status_changed","payment_id":"pay_1"}'

@@ -13,9 +13,9 @@ from services.sim import scenario
 from services.sim.deliverer import DeliveryRecord, Result
 from services.sim.summary import expect, expect_from_webhooks, mismatches, summarize
 from shared.order_machine import OrderState, decide
+from shared.providers.xhub import STATUS_CHANGED
+from shared.providers.xhub.events import ProviderEvent
 from shared.vocabulary import OrderStatus
-from shared.xhub import STATUS_CHANGED
-from shared.xhub.events import ProviderEvent
 
 CONFIG = scenario.ScenarioConfig(
     payments=200, duplicate_rate=0.3, reorder_rate=0.5, lost_rate=0.1, seed=7

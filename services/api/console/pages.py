@@ -24,11 +24,11 @@ from shared.ops.operator_actions import Edge, Operator, dead_letters_or_reason, 
 from shared.ops.order_input import text_problem
 from shared.ops.payment_view import payment_view
 from shared.process.web import REGISTRY
+from shared.providers.xhub import PROVIDER
 from shared.queries import audit
 from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
 from shared.tokens import OPERATOR
-from shared.xhub import PROVIDER
 
 log = structlog.get_logger(__name__)
 

@@ -19,8 +19,8 @@ from yarl import URL
 from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ProviderMetrics
-from shared.xhub.pacing import RateLimiter, parse_retry_after
-from shared.xhub.payments import ProviderPayment, ProviderResponseError, parse_payment
+from shared.providers.xhub.pacing import RateLimiter, parse_retry_after
+from shared.providers.xhub.payments import ProviderPayment, ProviderResponseError, parse_payment
 
 log = structlog.get_logger(__name__)
 

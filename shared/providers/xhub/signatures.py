@@ -6,7 +6,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from shared.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from shared.providers.xhub import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from shared.errors import PermanentError
-from shared.xhub import REFUND_COMPLETED, REFUND_REVERSED, STATUS_CHANGED
+from shared.providers.xhub import REFUND_COMPLETED, REFUND_REVERSED, STATUS_CHANGED
 
 CHECKED_STATUSES: Final = frozenset({"paid", "settled"})  # compared with the order's money
 

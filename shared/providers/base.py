@@ -1,0 +1,63 @@
+"""The provider seam: what ingest needs to know of one provider's webhooks (route, headers,
+signature scheme, secrets, event type and payment id), as one frozen value per provider.
+No I/O: each provider package builds its `Provider` from pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class MalformedWebhookError(ValueError):
+    """The request can never be a valid webhook (400, outcome `malformed`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Headline:
+    """What ingest reads from a verified body: the event type (the routing key) and the
+    payment id as sent (ingest keeps a lookup copy; the workers read the canonical body)."""
+
+    event_type: str
+    payment_id: Any
+
+
+# (secrets, event id, timestamp, raw body, signature header) -> position of the first secret
+# the signature matches under, or None. Every secret is tried, in constant time each.
+MatchingSecret = Callable[[Sequence[bytes], str, str, bytes, str], int | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Provider:
+    # The inbox's provider column, the metrics' provider label, the messages' provider header.
+    name: str
+    webhook_path: str
+    # The variable holding its secrets (comma-separated, any one may match: rotation); a
+    # provider whose variable is unset has no route.
+    secrets_variable: str
+    # Its text as the keys to sign with; ValueError (saying the expected shape, never echoing
+    # the value) if malformed.
+    parse_secrets: Callable[[str], tuple[bytes, ...]]
+    id_header: str
+    timestamp_header: str  # Unix seconds of the delivery attempt
+    signature_header: str
+    matching_secret: MatchingSecret
+    # The parsed JSON object's event type and payment id; MalformedWebhookError if the body
+    # is no event of this provider at all.
+    headline: Callable[[Mapping[str, Any]], Headline]
+    # The stored raw body as the message body the workers read: payhooks' canonical event
+    # (the X-Hub body shape, SPEC section 3). None: the raw body already is one (no copy).
+    canonical_body: Callable[[bytes], bytes] | None = None
+    # Put before its event ids to make its messages' ids (the workers' idempotency keys,
+    # which know no provider): "" only for X-Hub, whose ids are the messages' ids since
+    # before the seam; every other provider's is its name and a colon, so two providers'
+    # equal event ids stay two events past the inbox too.
+    message_id_prefix: str
+    # Whether the reconciler can ask this provider's API about a payment (GET /payments/:id);
+    # a provider without one is repaired by its own redeliveries only.
+    has_payment_api: bool = False
+
+
+def comma_separated(raw: str) -> tuple[str, ...]:
+    """A secrets variable's entries: comma-separated, trimmed, blanks dropped."""
+    return tuple(part.strip() for part in raw.split(",") if part.strip())

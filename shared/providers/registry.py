@@ -1,0 +1,45 @@
+"""Every provider payhooks speaks, by name. Adding one: its package beside xhub/ and
+standard/ (a `Provider` in its adapter.py), one entry here, tests (docs/providers.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from shared.providers.base import Provider
+from shared.providers.standard.adapter import STANDARD
+from shared.providers.xhub.adapter import XHUB
+
+PROVIDERS: Final[tuple[Provider, ...]] = (XHUB, STANDARD)
+BY_NAME: Final[Mapping[str, Provider]] = {p.name: p for p in PROVIDERS}
+# Whose event an id given without a provider names (SPEC's webhooks are X-Hub's).
+DEFAULT: Final[Provider] = XHUB
+
+
+def configured(secrets: Mapping[str, tuple[bytes, ...]]) -> tuple[Provider, ...]:
+    """The providers with secrets (by name, as Settings.provider_secrets holds them): those
+    ingest has a route for. A provider without secrets has none (404)."""
+    return tuple(p for p in PROVIDERS if secrets.get(p.name))
+
+
+def has_payment_api(provider: str) -> bool:
+    """Whether the reconciler can ask about a payment of `provider` (an unknown name: as
+    before providers had names, yes)."""
+    known = BY_NAME.get(provider)
+    return known is None or known.has_payment_api
+
+
+def worker_id(provider: str, event_id: str) -> str:
+    """The id the workers know a stored webhook by (their idempotency key, the transition's
+    event id): X-Hub's event id as it is, any other provider's after its prefix."""
+    known = BY_NAME.get(provider)
+    return event_id if known is None else known.message_id_prefix + event_id
+
+
+def message_of(provider: str, event_id: str, body: bytes) -> tuple[str, bytes]:
+    """A stored webhook as the message the workers read: its id (worker_id) and body
+    (payhooks' canonical event, SPEC section 3's X-Hub shape)."""
+    known = BY_NAME.get(provider)
+    if known is not None and known.canonical_body is not None:
+        body = known.canonical_body(body)
+    return worker_id(provider, event_id), body
