@@ -115,7 +115,11 @@ class Consumer:
         it has not come back _RECONSUME_AFTER_S after the broker is ready again (the broker
         replaced a connection that never recovered), consume on a new channel."""
         await self._broker.wait_connected(timeout_s=float("inf"))
-        await self._consume_until_done()
+        async with self._consume_lock:
+            # Paused before it first consumed (an operator's pause read at startup): resume()
+            # consumes; resumed meanwhile: it consumes already.
+            if not self._paused and not await self.consuming():
+                await self._consume_until_done()
         loop = asyncio.get_running_loop()
         lost_since: float | None = None
         while True:
