@@ -17,6 +17,7 @@ from services.api import (
     monitor,
     openapi,
     order_routes,
+    worker_routes,
 )
 from services.api.auth import admin_auth
 from services.api.console import PREFIX as CONSOLE
@@ -114,6 +115,11 @@ def create_app(
     app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)
     app.router.add_get("/api/unrouted", dlq_routes.show_unrouted)
     app.router.add_get("/api/audit", audit_routes.list_actions)
+    app.router.add_get("/api/workers", worker_routes.list_workers)
+    app.router.add_post("/api/workers/{worker}/pause", worker_routes.pause_worker)
+    app.router.add_post("/api/workers/{worker}/resume", worker_routes.resume_worker)
+    app.router.add_post("/api/workers/{worker}/throttle", worker_routes.throttle_worker)
+    app.router.add_delete("/api/workers/{worker}/throttle", worker_routes.unthrottle_worker)
     app.router.add_get(openapi.PATH, openapi_document)
     app.router.add_get(CONSOLE, to_console)
     app.add_subapp(CONSOLE, console_app(settings.admin_tokens))

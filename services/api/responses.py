@@ -27,6 +27,7 @@ PROBLEMS: dict[str, str] = {
     "internal_error": "Internal error",
     "unavailable": "A dependency is unavailable",
     "dlq_busy": "Another reader holds the DLQ",
+    "worker_state": "The worker is in that state already",
     # Any other HTTP error aiohttp raises: nothing beyond its status, so type about:blank.
     "http_error": "",
 }
