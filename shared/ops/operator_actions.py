@@ -181,6 +181,7 @@ async def pause_worker_recorded(
 ) -> WorkerChanged:
     """Pause every replica of `worker`; WorkerStateError if it is paused already (resume it
     first: who paused it, and why, is never overwritten)."""
+    worker = _known_worker(worker)
     async with _transaction(pool) as conn:
         paused = await worker_sql.pause(conn, worker, by.name, reason)
         if paused is None:
@@ -199,6 +200,7 @@ async def pause_worker_recorded(
 
 async def resume_worker_recorded(pool: Executor, worker: str, by: Operator) -> WorkerChanged:
     """End the operator's pause of `worker`; WorkerStateError if it is not paused."""
+    worker = _known_worker(worker)
     async with _transaction(pool) as conn:
         ended = await worker_sql.resume(conn, worker)
         if ended is None or ended.paused_at is None:
@@ -220,6 +222,7 @@ async def throttle_worker_recorded(
 ) -> WorkerChanged:
     """Cap `worker` at `per_second` messages per second over all its replicas (a cap it had
     is replaced)."""
+    worker = _known_worker(worker)
     async with _transaction(pool) as conn:
         previous = await worker_sql.throttle(conn, worker, per_second, by.name)
         await worker_sql.notify(conn, worker)
@@ -234,6 +237,7 @@ async def throttle_worker_recorded(
 
 async def unthrottle_worker_recorded(pool: Executor, worker: str, by: Operator) -> WorkerChanged:
     """Lift `worker`'s cap; WorkerStateError if it has none."""
+    worker = _known_worker(worker)
     async with _transaction(pool) as conn:
         lifted = await worker_sql.unthrottle(conn, worker)
         if lifted is None:
@@ -247,6 +251,14 @@ async def unthrottle_worker_recorded(pool: Executor, worker: str, by: Operator) 
         return WorkerChanged(
             await worker_sql.controls(conn, worker), {"rate_limit_per_second": lifted}
         )
+
+
+def _known_worker(raw: str) -> str:
+    """The worker's own name (`emails` is the email worker); WorkerInputError if none."""
+    worker = worker_input.worker_name(raw)
+    if worker is None:
+        raise worker_input.WorkerInputError(f"no worker {raw!r}: one of {worker_input.WORKERS}")
+    return worker
 
 
 @asynccontextmanager

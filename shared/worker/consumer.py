@@ -75,8 +75,14 @@ class Consumer:
         channel restores then is the consumer resume() finds."""
         self._paused = True
         queue, tag = self._consuming, self._consumer_tag
-        if queue is None or tag is None or not await self.consuming():
+        if queue is None or tag is None:
             return
+        if not await self.consuming():
+            if not self._broker.is_ready:
+                return
+            # The broker is there and the answer was slow or unsure: that is no proof the
+            # consumer is gone, so cancel it anyway (bounded).
+            log.info("worker.cancel_unconfirmed", worker=self.name)
         try:
             async with asyncio.timeout(_STOP_TIMEOUT_S):
                 await queue.cancel(tag)
