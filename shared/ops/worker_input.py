@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from shared.ops.order_input import text_problem
-from shared.worker import throttle
+from shared.queries.worker_controls import MAX_RATE, MIN_RATE
 
 WORKERS = ("orders", "bonuses", "email")
 _ALIASES = {"emails": "email"}
@@ -49,8 +49,6 @@ def parse_rate(raw: object) -> float:
         rate = float(raw)
     except ValueError:
         raise WorkerInputError("per_second must be a number") from None
-    if not math.isfinite(rate) or not throttle.valid_rate(rate):
-        raise WorkerInputError(
-            f"per_second must be from {throttle.MIN_RATE:g} to {throttle.MAX_RATE:g}"
-        )
+    if not math.isfinite(rate) or not MIN_RATE <= rate <= MAX_RATE:
+        raise WorkerInputError(f"per_second must be from {MIN_RATE:g} to {MAX_RATE:g}")
     return rate

@@ -11,6 +11,10 @@ import asyncpg
 
 from shared.db import Executor
 
+# Bounds of a cap an operator may set, in messages per second.
+MIN_RATE = 0.01
+MAX_RATE = 100_000.0
+
 # Every replica of every worker listens here; the payload is the worker's name.
 CHANNEL = "payhooks_worker_controls"
 

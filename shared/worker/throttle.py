@@ -5,6 +5,8 @@ take gets and how long to wait for the next token."""
 
 from __future__ import annotations
 
+from shared.queries.worker_controls import MAX_RATE, MIN_RATE
+
 # The shortest and longest wait before asking the bucket again: never a busy loop, and a cap
 # that was raised or lifted is seen within a second anyway (the controls' NOTIFY wakes it).
 MIN_WAIT_S = 0.01
@@ -38,8 +40,3 @@ def wait_s(tokens_left: float, per_second: float) -> float:
 
 def valid_rate(per_second: float) -> bool:
     return MIN_RATE <= per_second <= MAX_RATE
-
-
-# Bounds of a cap an operator may set, in messages per second.
-MIN_RATE = 0.01
-MAX_RATE = 100_000.0

@@ -19,7 +19,7 @@ from services.api.openapi.build import (
     ref,
 )
 from shared.ops import worker_input
-from shared.worker import throttle
+from shared.queries import worker_controls
 
 _WORKER = {
     "name": "worker",
@@ -121,8 +121,8 @@ WORKER_SCHEMAS: dict[str, Schema] = {
         {
             "per_second": {
                 "type": "number",
-                "minimum": throttle.MIN_RATE,
-                "maximum": throttle.MAX_RATE,
+                "minimum": worker_controls.MIN_RATE,
+                "maximum": worker_controls.MAX_RATE,
                 "description": "messages per second, over all the worker's replicas",
             }
         }
