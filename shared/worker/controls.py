@@ -38,6 +38,7 @@ class Controls:
         self._pause: Pause | None = None
         self._row = sql.Controls(worker)
         self._read_at: float | None = None  # time.monotonic() of the last read that answered
+        self._unread = False  # the last read failed
         self.wake = asyncio.Event()  # set by the NOTIFY listener
         self._changed = asyncio.Event()  # the cap changed: a take waiting for a token asks again
         metrics.set(worker, None, None)
@@ -55,11 +56,22 @@ class Controls:
         try:
             async with asyncio.timeout(_FIRST_READ_TIMEOUT_S):
                 await self.refresh()
-        except Exception as e:
+        except TimeoutError as e:
             log.warning("worker.controls_read_failed", worker=self._worker, error=repr(e))
 
     async def refresh(self) -> None:
-        row = await sql.controls(self._pool, self._worker)
+        """Read the row and apply it. A read that fails is said once, when they start failing
+        (PostgreSQL away: the worker's own pause says the rest), and once when one answers."""
+        try:
+            row = await sql.controls(self._pool, self._worker)
+        except Exception as e:
+            if not self._unread:
+                log.warning("worker.controls_read_failed", worker=self._worker, error=repr(e))
+            self._unread = True
+            return
+        if self._unread:
+            log.info("worker.controls_read", worker=self._worker)
+        self._unread = False
         self._read_at = time.monotonic()
         await self.apply(row)
 

@@ -360,3 +360,34 @@ async def test_a_rate_cap_holds_over_two_email_replicas(
         )
         assert (ok or 0) > 0
     print(f"{len(after_first)} emails in {span_s:.2f} s at {rate:g}/s; busiest second {per_window}")  # noqa: T201
+
+
+async def test_a_change_whose_notification_was_lost_is_read_within_a_second_or_two(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    channel: Any,
+    topology: Topology,
+    db: Any,
+    controls: Any,
+) -> None:
+    settings = make_settings(SMTP_PORT=str(smtp[1]), EMAIL_FROM=EMAIL_FROM)
+    system = await start(aiohttp_client, channel, topology, {"email": (settings, 1)})
+    [replica] = system.clients["email"]
+    # Written without its NOTIFY (as if the listener had been reconnecting): the re-read
+    # every second finds it.
+    await db.execute(
+        "INSERT INTO worker_controls (worker, paused_at, paused_by, paused_reason)"
+        " VALUES ('email', now(), 'bob', 'silent')"
+    )
+    started = time.monotonic()
+    body = await held(replica)
+    assert time.monotonic() - started < 2.5
+    assert body["operator_pause"]["reason"] == "silent"
+    emails = topology.work["emails"].name
+    assert await consumer_counts(channel, [emails]) == {emails: 0}
+    await db.execute(
+        "UPDATE worker_controls SET paused_at = NULL, paused_by = NULL, paused_reason = NULL"
+    )
+    await unheld(replica)
+    await eventually(lambda: consumer_counts(channel, [emails]), lambda c: c == {emails: 1})
