@@ -6,7 +6,7 @@ PY := $(BIN)/python
 # allows 3.11-3.13 and the lock files are resolved for all three; only 3.11 is tested).
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
-.PHONY: help install lock run migrate test lint bench bench-vs-prototype bench-workers demo chaos soak cluster-up cluster-down cluster-status chaos-cluster clean
+.PHONY: help install lock run migrate test lint bench bench-vs-prototype bench-workers bench-copies demo chaos soak cluster-up cluster-down cluster-status chaos-cluster clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
@@ -18,6 +18,7 @@ help:
 	@echo "make demo     - the whole system plus the X-Hub simulator (300 payments), checked"
 	@echo "make bench-vs-prototype - ingest beside the handbook's reference prototype (needs wrk)"
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
+	@echo "make bench-copies - bench.workers, bench.ingest and one quorum queue: single node vs cluster"
 	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail"
 	@echo "make soak     - MINUTES (30) at half the measured capacity, watched for growth"
 	@echo "make cluster-up   - 3 RabbitMQ nodes + PostgreSQL primary/sync standby on private ports"
@@ -76,7 +77,7 @@ lint: install
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 
 bench: migrate
 	$(PY) -m bench.ingest
@@ -88,6 +89,13 @@ bench-vs-prototype: install
 
 bench-workers: install
 	$(PY) -m bench.workers --then-half 8000
+
+# What copies cost (docs/high-availability.md#what-copies-cost): the workers and ingest benches
+# and one quorum queue on the machine's single RabbitMQ node and PostgreSQL beside a cluster
+# of its own (tests/cluster.py, prefix `copies`, removed at the end), 1 and 2 copies of every
+# service, one table side by side. About 8 minutes.
+bench-copies: install
+	$(PY) -m bench.copies
 
 # Every fault round (or ROUNDS=rabbitmq-stop,kill-orders) against a RabbitMQ node and a
 # PostgreSQL cluster of its own (tests/private_servers.py), which it stops, kills and restarts

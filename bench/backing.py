@@ -25,9 +25,19 @@ BENCH_MAX_QUEUES = 100
 def own_vhost(amqp_url: str) -> Iterator[str]:
     """The AMQP URL for this bench run: a vhost of its own on a broker on this machine,
     deleted with everything in it at the end (a killed run's by the next run); `amqp_url`
-    itself for a broker elsewhere or one rabbitmqctl cannot reach."""
+    itself for a broker elsewhere, one rabbitmqctl cannot reach or a list of nodes (a
+    cluster of the run's own, bench.copies)."""
+    if "," in amqp_url:
+        yield amqp_url
+        return
     with run_vhost.own_vhost(amqp_url, "bench", BENCH_MAX_QUEUES) as url:
         yield url
+
+
+def first_node(amqp_url: str) -> str:
+    """The URL the bench's own connections use: AMQP_URL may list a cluster's nodes
+    (comma-separated, as payhooks reads it); the bench asks the first."""
+    return amqp_url.split(",", 1)[0].strip()
 
 
 def topology_of(env: dict[str, str]) -> Topology:
@@ -91,7 +101,7 @@ async def analyze(database_url: str, tables: str) -> None:
 
 
 async def delete_topology(amqp_url: str, topology: Topology) -> None:
-    connection = await aio_pika.connect(amqp_url, timeout=5)
+    connection = await aio_pika.connect(first_node(amqp_url), timeout=5)
     async with connection:
         await delete(await connection.channel(), topology)
 
@@ -111,7 +121,7 @@ async def commit_count(database_url: str) -> int:
 async def queue_counts(amqp_url: str, queues: list[str]) -> dict[str, tuple[int, int]]:
     """(messages, consumers) per queue; a queue that does not exist counts as (-1, 0)."""
     found: dict[str, tuple[int, int]] = {}
-    connection = await aio_pika.connect(amqp_url, timeout=5)
+    connection = await aio_pika.connect(first_node(amqp_url), timeout=5)
     async with connection:
         for name in queues:
             channel = await connection.channel()

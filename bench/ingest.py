@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 
-from bench.backing import analyze, own_vhost, reset, topology_of
+from bench.backing import analyze, first_node, own_vhost, reset, topology_of
 from bench.load import Clients, Plan, Summary, make_plan, summarize
 from bench.observe import (
     CLK_TCK,
@@ -175,7 +175,7 @@ async def _check(
 
 
 async def _queued(amqp_url: str, queue: str) -> int:
-    connection = await aio_pika.connect(amqp_url, timeout=5)
+    connection = await aio_pika.connect(first_node(amqp_url), timeout=5)
     async with connection:
         declared = await (await connection.channel()).declare_queue(queue, passive=True)
         return declared.declaration_result.message_count or 0
@@ -184,7 +184,7 @@ async def _queued(amqp_url: str, queue: str) -> int:
 async def _repeated_messages(amqp_url: str, queue: str, expected: int) -> Counter[str]:
     """Drain `queue` (ours, about to be deleted) and count message ids sent more than once."""
     seen: Counter[str] = Counter()
-    connection = await aio_pika.connect(amqp_url, timeout=5)
+    connection = await aio_pika.connect(first_node(amqp_url), timeout=5)
     async with connection:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=1000)
@@ -235,11 +235,11 @@ def run_one(
             before=lambda: asyncio.run(analyze(args.database_url, "inbox, inbox_unpublished"))
         )
         metrics_before = scrape(base_url)
-        cpu_before = cpu_ticks(server_pid, clients.pids, database)
+        cpu_before = cpu_ticks(server_pid, clients.pids, database, args.servers)
         machine_before, wall_before = busy_idle(), time.monotonic()
         tallies = clients.join()
         machine_after, wall = busy_idle(), time.monotonic() - wall_before
-        cpu_after = cpu_ticks(server_pid, clients.pids, database)
+        cpu_after = cpu_ticks(server_pid, clients.pids, database, args.servers)
         metrics_after = scrape(base_url)
     finally:
         clients.stop()
@@ -419,6 +419,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix", help="AMQP prefix (default: bench. or, with --url, AMQP_PREFIX)")
     p.add_argument("--server-log", default=os.devnull, help="where owned servers log")
     p.add_argument("--server-log-level", default="INFO", help="LOG_LEVEL of owned servers")
+    p.set_defaults(servers=None)  # bench.copies: the broker and database processes to count
     args = p.parse_args(argv)
     if not 0 <= args.duplicates < 1 or args.n < 1 or args.concurrency < args.clients:
         p.error("need 0 <= --duplicates < 1, --n >= 1 and --concurrency >= --clients")

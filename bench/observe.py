@@ -10,6 +10,8 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -36,25 +38,78 @@ def peak_rss_per_process_mb(pid: int) -> float | None:
     return max(peaks, default=None)
 
 
-def _group(entry: Path, comm: str, ppid: int, server_pid: int | None, database: str) -> str:
+@dataclass(frozen=True, slots=True)
+class Servers:
+    """The broker and database processes a bench counts, by root: each RabbitMQ node's
+    beam.smp and each PostgreSQL cluster's postmaster pid -> a group `rabbitmq/<node>` or
+    `postgres/<cluster>`. Their children (erl_child_setup, backends, walsenders) count with
+    them; other beam.smp and postgres processes (other people's servers) count as `other`.
+    Without it, every beam.smp is `rabbitmq` and every postgres process `postgres`."""
+
+    roots: Mapping[int, str]
+
+
+def _ppid(pid: int) -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    return 0
+
+
+def _root_group(pid: int, ppid: int, servers: Servers) -> str | None:
+    """The group of the server `pid` belongs to (itself, its parent or grandparent: a
+    beam.smp's inet_gethost sits under erl_child_setup), if any."""
+    for candidate in (pid, ppid, _ppid(ppid) if ppid > 1 else 0):
+        if candidate in servers.roots:
+            return servers.roots[candidate]
+    return None
+
+
+def _other_database(entry: Path, database: str) -> bool:
+    """A backend of another database (other people's tests on a shared server). Its title is
+    "postgres: 15/main: user database host(port) state"; a walsender's is "walsender user
+    host(port) state": the server's own work, not another database's."""
+    with contextlib.suppress(OSError):
+        title = (entry / "cmdline").read_bytes().decode(errors="replace").split(": ")
+        words = title[2].split() if len(title) > 2 else []
+        return (
+            len(words) > 2
+            and "(" in words[2]
+            and words[0] != "walsender"
+            and (words[1] != database)
+        )
+    return False
+
+
+def _group(
+    entry: Path,
+    comm: str,
+    ppid: int,
+    server_pid: int | None,
+    database: str,
+    servers: Servers | None = None,
+) -> str:
     if server_pid is not None and server_pid in (int(entry.name), ppid):
         return "ingest"
+    if servers is not None:
+        group = _root_group(int(entry.name), ppid, servers)
+        if group is None:
+            return "other"
+        if group.startswith("postgres") and _other_database(entry, database):
+            return "other"
+        return group
     if comm.startswith("postgres"):
-        # A backend's title is "postgres: 15/main: user database host(port) state": backends
-        # of other databases (other people's tests on a shared machine) are not ours.
-        with contextlib.suppress(OSError):
-            title = (entry / "cmdline").read_bytes().decode(errors="replace").split(": ")
-            words = title[2].split() if len(title) > 2 else []
-            if len(words) > 2 and "(" in words[2] and words[1] != database:
-                return "other"
-        return "postgres"
+        return "other" if _other_database(entry, database) else "postgres"
     if comm in {"beam.smp", "erl_child_setup", "epmd", "inet_gethost"}:
         return "rabbitmq"
     return "other"
 
 
-def cpu_ticks(server_pid: int | None, skip: list[int], database: str) -> dict[int, tuple[str, int]]:
-    """Per process: its group (ingest, postgres, rabbitmq, other) and CPU ticks used so far."""
+def cpu_ticks(
+    server_pid: int | None, skip: list[int], database: str, servers: Servers | None = None
+) -> dict[int, tuple[str, int]]:
+    """Per process: its group (ingest, postgres, rabbitmq, other; with `servers`, the
+    servers' own groups) and CPU ticks used so far."""
     ticks: dict[int, tuple[str, int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in skip:
@@ -65,7 +120,7 @@ def cpu_ticks(server_pid: int | None, skip: list[int], database: str) -> dict[in
             continue  # gone meanwhile
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        group = _group(entry, comm, int(fields[1]), server_pid, database)
+        group = _group(entry, comm, int(fields[1]), server_pid, database, servers)
         ticks[int(entry.name)] = (group, int(fields[11]) + int(fields[12]))
     return ticks
 
@@ -74,7 +129,10 @@ def cpu_used(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int
     """Ticks per group between two snapshots (processes that ended meanwhile are not seen)."""
     used: Counter[str] = Counter()
     for pid, (group, ticks) in after.items():
-        used[group] += ticks - before.get(pid, (group, 0))[1]
+        delta = ticks - before.get(pid, (group, 0))[1]
+        used[group] += delta
+        if "/" in group:  # rabbitmq/ha1 also counts in rabbitmq, postgres/ha_a in postgres
+            used[group.split("/", 1)[0]] += delta
     return used
 
 
@@ -157,13 +215,20 @@ Snapshot = tuple[float, tuple[int, int], dict[int, tuple[str, int]]]
 class CpuGroups:
     """CPU per process group: ours by pid, the rest as cpu_ticks groups them."""
 
-    def __init__(self, groups: dict[int, str], skip: list[int], database: str) -> None:
+    def __init__(
+        self,
+        groups: dict[int, str],
+        skip: list[int],
+        database: str,
+        servers: Servers | None = None,
+    ) -> None:
         self._groups = groups
         self._skip = skip
         self._database = database
+        self._servers = servers
 
     def snapshot(self) -> Snapshot:
-        ticks = cpu_ticks(None, self._skip, self._database)
+        ticks = cpu_ticks(None, self._skip, self._database, self._servers)
         relabelled = {pid: (self._groups.get(pid, g), t) for pid, (g, t) in ticks.items()}
         return time.monotonic(), busy_idle(), relabelled
 

@@ -22,13 +22,16 @@ WORKERS = {"orders": "orders", "bonuses": "bonuses", "email": "emails"}  # servi
 
 
 class Service(OwnedProcess):
-    """One `payhooks run NAME` subprocess we own, on its own free port."""
+    """One `payhooks run NAME` subprocess we own, on its own free port; `copy` numbers the
+    copies of one service (bench.copies runs two of each), from 1."""
 
-    def __init__(self, name: str, port: int, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, port: int, env: dict[str, str], log_dir: Path, copy: int = 1
+    ) -> None:
         self.name = name
         self.base_url = f"http://127.0.0.1:{port}"
-        self._env = env
-        self.log_path = log_dir / f"{name}.log"
+        self._env = env if copy == 1 else {**env, PORT_VARIABLES[name]: str(port)}
+        self.log_path = log_dir / (f"{name}.log" if copy == 1 else f"{name}-{copy}.log")
 
     def start(self) -> None:
         self.process = spawn(payhooks("run", self.name), self._env, self.log_path)

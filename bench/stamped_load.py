@@ -48,20 +48,22 @@ def _client_process(
 
 class Clients(ClientProcesses[tuple[Tally, dict[str, float]]]):
     """Client processes sharing the deliveries, the concurrency and the rate (as bench.load's,
-    but each also returns when each of its events was accepted)."""
+    but each also returns when each of its events was accepted). With several URLs (copies of
+    ingest), process i sends to URL i modulo their number."""
 
     def __init__(
         self,
-        url: str,
+        url: str | list[str],
         deliveries: list[Delivery],
         concurrency: int,
         rate: float,
         processes: int,
         max_seconds: float,
     ) -> None:
+        urls = [url] if isinstance(url, str) else url  # copies of ingest: process i -> i % n
         shares = [
             (
-                url,
+                urls[i % len(urls)],
                 deliveries[i::processes],
                 share_of(concurrency, processes, i),
                 rate / processes,

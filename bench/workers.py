@@ -134,6 +134,10 @@ def run(args: argparse.Namespace) -> Result:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     ports = ports_for(SERVICES)
+    # --replicas N: copies 2..N of every service on ports of their own, competing for the
+    # same queues; the load clients share the ingest copies.
+    labels = [f"{name}-{copy}" for copy in range(2, args.replicas + 1) for name in SERVICES]
+    copy_ports = ports_for(labels)
     env = service_env(
         ("INGEST_", "XHUB_", "AMQP_", "SMTP_", "EMAIL_", "RETRY_", "BONUS"),
         database_url=args.database_url,
@@ -161,24 +165,34 @@ def run(args: argparse.Namespace) -> Result:
     deliveries = make_deliveries(measured, secret.encode())
 
     services = {name: Service(name, ports[name], env, log_dir) for name in SERVICES}
+    copies = {
+        label: Service(label.rsplit("-", 1)[0], port, env, log_dir, int(label.rsplit("-", 1)[1]))
+        for label, port in copy_ports.items()
+    }
+    every = {**services, **copies}
     clients: Clients | None = None
     profiler: Profiler | None = None
     try:
         sink.start()
-        for service in services.values():
+        for service in every.values():
             service.start()
-        deadline = time.monotonic() + 60
-        wait_ready(services, deadline)
+        deadline = time.monotonic() + 60 + 30 * len(copies) / len(SERVICES)
+        wait_ready(every, deadline)
         work_queues = [topology.work_queue(q).name for q in WORKERS.values()]
         wait_consumed(args.amqp_url, work_queues, deadline)
         pids = {name: s.pid for name, s in services.items()}
-        print(f"  services up: {pids}, SMTP sink pid {sink.pid}")
-        url = f"{services['ingest'].base_url}/webhooks/xhub"
+        copy_pids = {label: s.pid for label, s in copies.items()}
+        print(f"  services up: {pids | copy_pids}, SMTP sink pid {sink.pid}")
+        urls = [f"{s.base_url}/webhooks/xhub" for s in every.values() if s.name == "ingest"]
 
         if warm_deliveries:
-            tally = asyncio.run(warm_up(url, warm_deliveries, args.concurrency))
-            if tally.accepted != len(warm):
-                raise RuntimeError(f"warm-up: {tally.accepted} accepted: {dict(tally.statuses)}")
+            for i, url in enumerate(urls):
+                share = warm_deliveries[i :: len(urls)]
+                tally = asyncio.run(warm_up(url, share, args.concurrency))
+                if tally.accepted != len(share):
+                    raise RuntimeError(
+                        f"warm-up: {tally.accepted} accepted: {dict(tally.statuses)}"
+                    )
             if wait_for_emails(sink, {p.payment_id for p in warm}, args.timeout) is None:
                 raise RuntimeError("warm-up emails did not all arrive")
             print(f"  warm-up: {len(warm):,} payments through")
@@ -187,8 +201,9 @@ def run(args: argparse.Namespace) -> Result:
         wait_for_other_benchmarks(args.other_wait)
         wait_quiet(args.quiet_wait)
         groups = {pid: name for name, pid in pids.items()}
+        groups.update({s.pid: s.name for s in copies.values()})  # a service's copies together
         groups.update({sink.pid: "sink", os.getpid(): "driver"})
-        idle_cpu = CpuGroups(groups, [], database)
+        idle_cpu = CpuGroups(groups, [], database, args.servers)
         idle_start = idle_cpu.snapshot()
         time.sleep(args.idle_seconds)  # what everything costs with no load, for reference
         idle_pct = idle_cpu.pct(idle_start, idle_cpu.snapshot())
@@ -199,13 +214,13 @@ def run(args: argparse.Namespace) -> Result:
             time.sleep(0.5)  # attached before the load starts
         commits_before = asyncio.run(commit_count(args.database_url))
         clients = Clients(
-            url, deliveries, args.concurrency, args.rate, args.clients, args.max_seconds
+            urls, deliveries, args.concurrency, args.rate, args.clients, args.max_seconds
         )
         clients.start()
         clients.wait_started()
         # Clients are counted from their own process time; the profiler is not counted.
         skip = [*clients.pids, *([profiler.process.pid] if profiler and profiler.process else [])]
-        cpu = CpuGroups(groups, skip, database)
+        cpu = CpuGroups(groups, skip, database, args.servers)
         cpu_before = cpu.snapshot()
         peak_depth: Counter[str] = Counter()
 
@@ -241,7 +256,7 @@ def run(args: argparse.Namespace) -> Result:
             profiler.stop()
         if clients is not None:
             clients.stop()
-        stop_all(services)
+        stop_all(every)
         sink.stop()
         with contextlib.suppress(Exception):
             asyncio.run(delete_topology(args.amqp_url, topology))
@@ -476,6 +491,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="service, sink and profile files",
     )
     p.add_argument("--log-level", default="WARNING", help="LOG_LEVEL of the services")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="copies of every service (default 1), as"
+        " `payhooks run all --replicas N`: competing consumers, ingest copies sharing the load",
+    )
     p.add_argument("--profile", choices=SERVICES, help="py-spy this service while measuring")
     p.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument(
@@ -488,9 +510,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="after an open-ended run, N payments at a steady half of its rate (default 0: no)",
     )
+    p.set_defaults(servers=None)  # bench.copies: the broker and database processes to count
     args = p.parse_args(argv)
     if args.n < 1 or args.warmup < 0 or args.concurrency < args.clients or args.rate < 0:
         p.error("need --n >= 1, --warmup >= 0, --rate >= 0 and --concurrency >= --clients")
+    if not 1 <= args.replicas <= args.clients:
+        p.error("need 1 <= --replicas <= --clients (each client process sends to one ingest)")
     if not args.prefix:
         p.error("need a non-empty --prefix (its queues are deleted)")
     args.timeout = args.timeout or 120 + args.n / 50

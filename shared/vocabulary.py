@@ -35,6 +35,12 @@ REQUEUED: Final = "requeued"
 SOURCE: Final = "source"
 RECONCILIATION: Final = "reconciliation"
 CHECKED_AT: Final = "checked_at"
+# A message an operator replayed from the inbox (`payhooks replay`) carries REPLAY = the run's
+# id; with `--reprocess` also REPROCESS = the same id, which lets a worker apply it although
+# its processed mark says it did (shared/worker/batches.py). Only a publisher holding AMQP
+# credentials can set a header, never a webhook's body (shared/ops/replay.py, docs/runbook.md).
+REPLAY: Final = "replay"
+REPROCESS: Final = "reprocess"
 
 
 def int_header(value: object) -> int | None:
@@ -58,6 +64,13 @@ LOCK_SUFFIX: Final = ".lock"
 # Customer emails, by template (the `emails.template` column).
 SUCCEEDED_EMAIL: Final = "payment_succeeded"
 REFUNDED_EMAIL: Final = "payment_refunded"
+# Which transition asks for which email (services/email/templates.py TEMPLATE_FOR_EVENT is
+# this; a replay's dry run reads it to count the emails a reprocess would find recorded).
+EMAIL_FOR_TRANSITION: Final = {
+    "order.paid": SUCCEEDED_EMAIL,
+    "order.settled": SUCCEEDED_EMAIL,
+    "order.refunded": REFUNDED_EMAIL,
+}
 
 # The reconciler's schedule classes, in the order they are asked (shared/queries/schedule.py).
 RECONCILE_CLASSES: Final = ("undecided", "money", "settlement", "recheck")

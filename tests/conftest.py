@@ -284,7 +284,7 @@ async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
                 await conn.execute(
                     "TRUNCATE inbox, inbox_unpublished, orders, order_transitions,"
                     " processed_events, outbox, bonus_ledger, emails_sent, operator_actions,"
-                    " console_sessions, parked_events RESTART IDENTITY"
+                    " console_sessions, parked_events, refused_webhooks RESTART IDENTITY"
                 )
                 break
             except asyncpg.DeadlockDetectedError:

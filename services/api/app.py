@@ -17,6 +17,8 @@ from services.api import (
     monitor,
     openapi,
     order_routes,
+    replay_routes,
+    resolve_routes,
     worker_routes,
 )
 from services.api.auth import admin_auth
@@ -115,6 +117,9 @@ def create_app(
     app.router.add_post("/api/dlq/{queue}/requeue", dlq_routes.requeue_dlq)
     app.router.add_get("/api/unrouted", dlq_routes.show_unrouted)
     app.router.add_get("/api/audit", audit_routes.list_actions)
+    app.router.add_post("/api/replay", replay_routes.replay)
+    app.router.add_post("/api/payments/{payment_id:[^/]+}/resolve", resolve_routes.resolve_order)
+    app.router.add_get("/api/missing", resolve_routes.get_missing)
     app.router.add_get("/api/workers", worker_routes.list_workers)
     app.router.add_post("/api/workers/{worker}/pause", worker_routes.pause_worker)
     app.router.add_post("/api/workers/{worker}/resume", worker_routes.resume_worker)

@@ -27,6 +27,12 @@ PROBLEMS: dict[str, str] = {
     "internal_error": "Internal error",
     "unavailable": "A dependency is unavailable",
     "dlq_busy": "Another reader holds the DLQ",
+    "replay_too_large": "The replay selects more events than one run replays",
+    "replay_unroutable": "A replayed message could not be queued",
+    "invalid_resolution": "The resolution is not valid",
+    "resolve_in_flight": "A provider event of the payment is still being processed",
+    "resolve_forbidden": "The order machine forbids this move without force",
+    "resolve_no_change": "The order is in that status already",
     "worker_state": "The worker is in that state already",
     # Any other HTTP error aiohttp raises: nothing beyond its status, so type about:blank.
     "http_error": "",

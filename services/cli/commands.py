@@ -128,7 +128,11 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
             "events",
         ),
         ("refund failures", ["received_at", "event", "refund_id", "event_id"], "refund_failures"),
-        ("transitions", ["at", "id", "from", "to", "event_id"], "transitions"),
+        (
+            "transitions",
+            ["at", "id", "from", "to", "event_id", "source", "actor", "forced", "reason"],
+            "transitions",
+        ),
         ("bonus", ["created_at", "kind", "points", "transition_id", "user_id"], "bonus"),
         ("emails", ["sent_at", "template", "skipped", "message_id"], "emails"),
         ("parked", ["parked_at", "event_id", "event", "state", "released_at"], "parked"),

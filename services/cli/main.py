@@ -1,6 +1,7 @@
 """The `payhooks` console script (reads ./.env first): run, migrate, send, operator commands.
 Exit codes: 0 ok, 1 nothing matched (send: answered other than 2xx), 2 usage or configuration,
-3 PostgreSQL, RabbitMQ or ingest unreachable, 4 conflicting order, 5 DLQ busy (try again)."""
+3 PostgreSQL, RabbitMQ or ingest unreachable, 4 conflicting order (resolve: a forbidden move
+without --force, or no change), 5 DLQ busy or (resolve) a payment's event in flight: try again."""
 
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ from typing import Any, TypeVar
 
 from dotenv import load_dotenv
 
-from services.cli import audit, commands, events, migrations, run_all, send, workers
+from services.cli import (
+    audit,
+    commands,
+    events,
+    migrations,
+    replay,
+    resolve,
+    run_all,
+    send,
+    workers,
+)
 from services.cli.registry import SERVICES
 from services.sim import run as sim_run
 from shared.config import ConfigError, Settings
@@ -72,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         add.add_argument(f"--{field}", required=True)
     add.add_argument("--json", action="store_true")
     add.set_defaults(handler=commands.order_add)
+    resolve.add_resolve_arguments(
+        order.add_parser("resolve", help="move an order by hand: an audited operator transition")
+    )
 
     payment = subcommands.add_parser("payment", help="payments").add_subparsers(
         dest="subcommand", required=True
@@ -130,6 +144,18 @@ def _parser() -> argparse.ArgumentParser:
     unrouted_show.add_argument("--limit", type=_positive, default=20, help="list N (default 20)")
     unrouted_show.add_argument("--json", action="store_true")
     unrouted_show.set_defaults(handler=commands.unrouted_show)
+
+    replay.add_arguments(
+        subcommands.add_parser(
+            "replay", help="send stored inbox events again to chosen workers (--dry-run first)"
+        )
+    )
+
+    resolve.add_missing_arguments(
+        subcommands.add_parser(
+            "missing", help="undecided payments and refused event ids: ask the provider for them"
+        )
+    )
 
     audit.add_arguments(
         subcommands.add_parser("audit", help="operator actions, newest first: who did what"),

@@ -14,16 +14,12 @@ from email.utils import formataddr, parseaddr
 
 from services.email.template_files import EmailTemplate, default_templates
 from shared.errors import PermanentError
-from shared.vocabulary import REFUNDED_EMAIL, SUCCEEDED_EMAIL
+from shared.vocabulary import EMAIL_FOR_TRANSITION
 
 TEMPLATE_HEADER = "X-Payhooks-Template"
 
 # Which transition sends which email (at most one of each per payment id).
-TEMPLATE_FOR_EVENT = {
-    "order.paid": SUCCEEDED_EMAIL,
-    "order.settled": SUCCEEDED_EMAIL,
-    "order.refunded": REFUNDED_EMAIL,
-}
+TEMPLATE_FOR_EVENT = EMAIL_FOR_TRANSITION
 
 
 def message_id(template: str, payment_id: str, email_from: str) -> str:

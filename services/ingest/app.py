@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -10,7 +11,8 @@ import structlog
 from aiohttp import web
 
 from services.ingest.accept import Acceptor, AcceptorConfig
-from services.ingest.endpoint import ACCEPTOR, METRICS, SETTINGS, receive_webhook
+from services.ingest.endpoint import ACCEPTOR, METRICS, REFUSALS, SETTINGS, receive_webhook
+from services.ingest.refusals import Refusals
 from services.ingest.sweeper import SWEEP_AFTER_S, Sweeper
 from shared.amqp.broker import BROKER, broker_ctx
 from shared.amqp.topology import build_topology
@@ -22,7 +24,7 @@ from shared.process.http_limits import HTTP_LIMITS
 from shared.process.service import Service
 from shared.process.tasks import background
 from shared.process.web import base_app
-from shared.xhub import WEBHOOK_PATH
+from shared.xhub import PROVIDER, WEBHOOK_PATH
 
 log = structlog.get_logger(__name__)
 
@@ -62,8 +64,22 @@ def endpoint_app(settings: Settings) -> web.Application:
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=10))
     app.cleanup_ctx.append(broker_ctx(settings.amqp_url, topology))
+    app.cleanup_ctx.append(refusals_ctx)
     app.router.add_post(WEBHOOK_PATH, receive_webhook)
     return app
+
+
+async def refusals_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Refused event ids (401, 5xx) noted by the endpoint, written in the background."""
+    refusals = Refusals(PROVIDER)
+    app[REFUSALS] = refusals
+    async with background(refusals.run_forever(app[DB_POOL]), "refusals"):
+        yield
+    try:  # what the last second refused, if the database answers now
+        async with asyncio.timeout(2.0):
+            await refusals.flush(app[DB_POOL])
+    except Exception as e:
+        log.warning("webhook.refusals_not_written", error=repr(e), left=len(refusals))
 
 
 def create_app(

@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from services.ingest.accept import Acceptor, OverloadedError, UnstorableWebhookError
+from services.ingest.refusals import Refusals
 from services.ingest.webhook import (
     MalformedWebhookError,
     RejectedWebhookError,
@@ -34,6 +35,9 @@ log = structlog.get_logger("services.ingest")
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", IngestMetrics)
 ACCEPTOR = web.AppKey("acceptor", Acceptor)
+# Refused event ids (401, 5xx) for `payhooks missing`: set by ingest's app (services/ingest/
+# refusals.py); an endpoint without it (the benchmark baseline) keeps none.
+REFUSALS = web.AppKey("refusals", Refusals)
 
 # The provider gives up on an answer after 10 s; ours must come well before that. The budget
 # runs from the request's arrival (its headers), so reading the body spends it too.
@@ -77,6 +81,9 @@ async def receive_webhook(request: web.Request) -> web.Response:
         if signed.clock_skew_s is not None:
             metrics.clock_skew.observe(signed.clock_skew_s)
             fields["clock_skew_s"] = round(signed.clock_skew_s, 3)
+    refusals = request.app.get(REFUSALS)
+    if (answer.status == 401 or answer.status >= 500) and refusals is not None:
+        refusals.note(request.headers.get(ID_HEADER), answer.status, answer.outcome)
     event = log.warning if answer.outcome == "unavailable" else log.info
     event(
         "webhook.received",

@@ -192,7 +192,7 @@ async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dic
     retention_s = retention_days * 86_400.0
     deleted = {}
     started = time.monotonic()
-    for table in ("inbox", "outbox", "processed_events", "parked_events"):
+    for table in ("inbox", "outbox", "processed_events", "parked_events", "refused_webhooks"):
         total = 0
         while True:
             count = await retention_sql.delete_old(pool, table, retention_s, _HOUSEKEEPING_BATCH)

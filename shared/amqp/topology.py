@@ -252,3 +252,11 @@ def is_routed(event_type: str) -> bool:
     """Whether some work queue consumes this event type (else it lands in `unrouted`)."""
     key = routing_key(event_type)
     return any(_topic_matches(p, key) for keys in BINDINGS.values() for p in keys)
+
+
+def queues_for(event_type: str) -> tuple[str, ...]:
+    """The work queues (base names) bound to this event type now, as BINDINGS says: read at
+    each call, so a release that binds a new type changes the answer (an operator's replay of
+    events that sat in `unrouted`, shared/ops/replay.py)."""
+    key = routing_key(event_type)
+    return tuple(q for q in WORK_QUEUES if any(_topic_matches(p, key) for p in BINDINGS[q]))

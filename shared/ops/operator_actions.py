@@ -12,13 +12,16 @@ from typing import Any, TypeAlias
 import asyncpg
 from aio_pika.abc import AbstractChannel
 
+from shared import resolution
 from shared.amqp.topology import Topology
 from shared.db import Executor
 from shared.errors import UnavailableError
-from shared.ops import dlq, dlq_lock, worker_input
+from shared.ops import dlq, dlq_lock, order_resolution, worker_input
 from shared.ops.connections import UnreachableError
 from shared.ops.dlq_moves import Progress, Selection, purge, requeue
 from shared.ops.order_input import order_json
+from shared.ops.replay import Plan, ReplayPublishError, plan, publish
+from shared.ops.replay_selection import ReplayRequest
 from shared.queries import audit
 from shared.queries import orders as orders_sql
 from shared.queries import worker_controls as worker_sql
@@ -157,6 +160,86 @@ async def dead_letters_or_reason(
     except (UnavailableError, UnreachableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
         return [], str(e)
     return letters, None
+
+
+async def replay_recorded(
+    db: Executor,
+    channel: Callable[[], AbstractAsyncContextManager[AbstractChannel]],
+    topology: Topology,
+    request: ReplayRequest,
+    by: Operator,
+    trail: Trail,
+    *,
+    dry_run: bool,
+) -> Plan:
+    """Replay stored events (shared/ops/replay.py) and record it: the selection, the workers,
+    reprocess and its reason, the counts per worker, the event ids. A dry run counts and
+    moves nothing (no record). A publish that fails half-way is recorded with what was
+    published before it, then raised (ReplayPublishError)."""
+    planned = await plan(db, request)
+    planned.dry_run = dry_run
+    if dry_run:
+        return planned
+    try:
+        async with channel() as opened:  # only a real run needs RabbitMQ
+            await publish(opened, topology, planned)
+    except ReplayPublishError:
+        await _record(trail, _replayed(planned, by, partial=True))
+        raise
+    await _record(trail, _replayed(planned, by, partial=False))
+    return planned
+
+
+def _replayed(planned: Plan, by: Operator, *, partial: bool) -> audit.Action:
+    what = {
+        **planned.request.as_json(),
+        "replay_id": planned.replay_id,
+        "workers": {w: p.as_json() for w, p in planned.workers.items()},
+        "reprocess": planned.request.reprocess,
+        "reason": planned.request.reason,
+        "no_route": planned.no_route,
+    } | ({"partial": True} if partial else {})
+    target = ",".join(planned.workers) or "-"
+    return audit.Action(
+        by.name, by.edge.value, audit.REPLAY, target, planned.event_ids, planned.published, what
+    )
+
+
+async def resolve_order_recorded(
+    db: Executor,
+    payment_id: str,
+    request: resolution.Request,
+    by: Operator,
+    dead_lettered: order_resolution.DeadLettered | None = None,
+) -> order_resolution.Resolved:
+    """Move the payment's order to `request.to` as the operator's transition, with its audit
+    row, in one transaction under the payment's lock (the one the orders worker takes, so a
+    provider event and a resolve never interleave). The transition goes out through the
+    outbox as any `order.*` one does, so the ledger and the emails follow it exactly as they
+    follow a provider's. Raises PaymentNotFoundError, InFlightError (an event of the payment
+    is parked, or stored and not yet processed by the orders worker; one in orders.dlq, as
+    `dead_lettered` tells, is not on its way), or resolution.ResolveRefusedError
+    (shared/ops/order_resolution.py does the work)."""
+
+    async def record(conn: Executor, resolved: order_resolution.Resolved) -> None:
+        detail = {
+            "from": resolved.from_status,
+            "to": resolved.to_status,
+            "forced": resolved.forced,
+            "reason": resolved.reason,
+        }
+        action = audit.Action(
+            by.name, by.edge.value, audit.ORDER_RESOLVE, payment_id, [resolved.event_id], 1, detail
+        )
+        await audit.record_in_transaction(conn, action)
+
+    who = (by.name, by.edge.value)
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            return await order_resolution.resolve(
+                conn, payment_id, request, who, dead_lettered, record
+            )
+    return await order_resolution.resolve(db, payment_id, request, who, dead_lettered, record)
 
 
 # Workers: an operator's pause and rate cap (shared/worker/controls.py applies them). Each

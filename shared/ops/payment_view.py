@@ -68,6 +68,12 @@ async def payment_view(
                 "to": r["to_status"],
                 "event_id": r["event_id"],
                 "at": _iso(r["at"]),
+                # Who moved the order: an event (a provider's, the reconciler's) or an
+                # operator's resolution (actor, reason; forced: a move the machine forbids).
+                "source": r["source"],
+                "actor": r["actor"],
+                "forced": r["forced"],
+                "reason": r["reason"],
             }
             for r in await orders_sql.transitions_for_payment(conn, payment_id)
         ],

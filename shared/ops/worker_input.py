@@ -7,17 +7,18 @@ from __future__ import annotations
 import math
 
 from shared.ops.order_input import text_problem
+from shared.queries import audit
 from shared.queries.worker_controls import MAX_RATE, MIN_RATE
 
 WORKERS = ("orders", "bonuses", "email")
 _ALIASES = {"emails": "email"}
 MAX_REASON_CHARS = 500
 
-# The audit trail's actions (shared/queries/audit.py).
-PAUSE = "worker.pause"
-RESUME = "worker.resume"
-THROTTLE = "worker.throttle"
-UNTHROTTLE = "worker.unthrottle"
+# The audit trail's actions.
+PAUSE = audit.WORKER_PAUSE
+RESUME = audit.WORKER_RESUME
+THROTTLE = audit.WORKER_THROTTLE
+UNTHROTTLE = audit.WORKER_UNTHROTTLE
 
 
 class WorkerInputError(ValueError):

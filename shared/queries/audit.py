@@ -18,6 +18,24 @@ log = structlog.get_logger(__name__)
 REQUEUE = "dlq.requeue"
 PURGE = "dlq.purge"
 ORDER_REGISTER = "order.register"
+REPLAY = "event.replay"
+ORDER_RESOLVE = "order.resolve"
+WORKER_PAUSE = "worker.pause"
+WORKER_RESUME = "worker.resume"
+WORKER_THROTTLE = "worker.throttle"
+WORKER_UNTHROTTLE = "worker.unthrottle"
+ACTIONS = (
+    REQUEUE,
+    PURGE,
+    ORDER_REGISTER,
+    REPLAY,
+    ORDER_RESOLVE,
+    WORKER_PAUSE,
+    WORKER_RESUME,
+    WORKER_THROTTLE,
+    WORKER_UNTHROTTLE,
+)
+SOURCES = ("api", "cli", "console")  # the operator_actions.source constraint (migration 013)
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 
@@ -25,7 +43,7 @@ DEFAULT_LIMIT = 100
 @dataclass(frozen=True, slots=True)
 class Action:
     actor: str
-    source: str  # api or cli
+    source: str  # one of SOURCES
     action: str  # REQUEUE, PURGE, ORDER_REGISTER
     target: str  # a DLQ's name, an order id
     ids: Sequence[str] = ()
@@ -60,6 +78,22 @@ async def record(conn: Executor, action: Action) -> bool:
         not_recorded(action, e)
         return False
     return True
+
+
+async def record_in_transaction(conn: Executor, action: Action) -> None:
+    """Insert the action in the caller's transaction: an action that must not stand
+    unrecorded (a resolution of an order) fails with its audit row."""
+    await conn.execute(
+        "INSERT INTO operator_actions (actor, source, action, target, filter, ids, count)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        action.actor,
+        action.source,
+        action.action,
+        action.target,
+        dict(action.filter),
+        list(action.ids),
+        action.count,
+    )
 
 
 def not_recorded(action: Action, error: BaseException) -> None:

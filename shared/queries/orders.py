@@ -217,7 +217,8 @@ async def transitions_for_payments(
 ) -> dict[str, list[asyncpg.Record]]:
     """Each payment's transitions, oldest first, in one statement."""
     rows = await conn.fetch(
-        "SELECT payment_id, id, from_status, to_status, event_id, at FROM order_transitions"
+        "SELECT payment_id, id, from_status, to_status, event_id, at, source, actor, forced,"
+        " reason FROM order_transitions"
         " WHERE payment_id = ANY($1::text[]) ORDER BY id",
         list(payment_ids),
     )

@@ -20,6 +20,8 @@ async def delete_old(conn: Executor, table: str, retention_s: float, limit: int)
         "parked_events": "DELETE FROM parked_events WHERE id IN (SELECT id FROM parked_events"
         " WHERE parked_at < now() - make_interval(secs => $1)"
         " AND (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL) LIMIT $2)",
+        "refused_webhooks": "DELETE FROM refused_webhooks WHERE id IN (SELECT id FROM"
+        " refused_webhooks WHERE last_at < now() - make_interval(secs => $1) LIMIT $2)",
     }
     result = await conn.execute(statements[table], retention_s, limit)
     return int(result.split()[-1])

@@ -18,6 +18,9 @@ from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import Dependency
 from shared.outages import outage_of
 from shared.queries import processed as processed_sql
+from shared.vocabulary import REPLAY, REPROCESS
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +145,23 @@ async def _attempt(
             if marks is not None
             else set()
         )
+        # Marked before this batch, applied again once because an operator asked for it
+        # (the REPROCESS header of a replay): such a message keeps the mark it has.
+        marked_before, again = frozenset(handled), set[str]()
         for i in sorted(range(len(deliveries)), key=keys.__getitem__):
-            if marks is not None and deliveries[i].message_id in handled:
-                results[i] = "skipped_duplicate"
-                continue
+            message_id = deliveries[i].message_id
+            if marks is not None and message_id in handled:
+                if (
+                    message_id in again
+                    or message_id not in marked_before
+                    or not reprocessing(deliveries[i])
+                ):
+                    results[i] = "skipped_duplicate"
+                    continue
+                again.add(message_id)
             step = Step(i, conn, key=keys[i])
+            if message_id in again:
+                step.after_commit(_reprocessed(marks, deliveries[i]))
             try:
                 if without is None:
                     with about_payment(step.key):
@@ -169,7 +184,8 @@ async def _attempt(
                 continue
             steps.append(step)
             handled.add(deliveries[i].message_id)  # a later copy in the batch is a duplicate
-        if marks is not None and (to_mark := [s for s in steps if s.marked]):
+        to_mark = [s for s in steps if s.marked and deliveries[s.index].message_id not in again]
+        if marks is not None and to_mark:
             marked = await processed_sql.mark_all_processed(
                 conn, marks, [(deliveries[s.index].message_id, s.outcome) for s in to_mark]
             )
@@ -237,6 +253,27 @@ def committed(results: list[Result | None], steps: list[Step]) -> list[Result]:
             for action in step.then:
                 action()
     return [r if r is not None else RuntimeError("not handled") for r in results]
+
+
+def reprocessing(delivery: Delivery) -> bool:
+    """Whether an operator's replay asked to apply this message although it was marked
+    processed: the REPROCESS header (any non-empty value), which only a publisher with AMQP
+    credentials can set; never anything in the body (shared/ops/replay.py)."""
+    value = delivery.headers.get(REPROCESS)
+    return isinstance(value, str | bytes) and len(value) > 0
+
+
+def _reprocessed(worker: str | None, delivery: Delivery) -> Callable[[], None]:
+    def logged() -> None:
+        replay = delivery.headers.get(REPLAY)
+        log.info(
+            "message.reprocessed",
+            worker=worker,
+            message_id=delivery.message_id,
+            replay=replay.decode() if isinstance(replay, bytes) else replay,
+        )
+
+    return logged
 
 
 def keys_of(deliveries: Sequence[Delivery], sort_key: Callable[[Delivery], str]) -> list[str]:

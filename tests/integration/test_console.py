@@ -368,3 +368,23 @@ async def test_the_payment_page_shows_its_parked_events(console: TestClient, db:
     assert "evt_early" in parked
     assert '<td class="state">parked</td>' in parked
     assert "its events are parked until the shop registers it" in page
+
+
+async def test_the_overview_counts_the_parked_events_and_the_oldest_ones_age(
+    aiohttp_client: Any, make_settings: Any, db: Any
+) -> None:
+    for n in range(2):
+        await parked_sql.park(
+            db,
+            parked_sql.ParkedEvent(
+                f"evt_wait{n}", "xhub", "pay_wait", "payment.status_changed", "k", b"{}", {}
+            ),
+        )
+    await db.execute("UPDATE parked_events SET parked_at = now() - interval '90 seconds'")
+    api = await running_api(aiohttp_client, make_settings(ADMIN_TOKENS=TOKENS))
+    await sign_in(api, "ann-token")
+
+    page = await (await api.get("/console/")).text()
+
+    row = page.split('id="parked"')[1].split("</tr>")[0]
+    assert re.search(r'<td class="num">2 \(oldest 1 min', row), row

@@ -6,7 +6,9 @@ ingest and the workers on real PostgreSQL and RabbitMQ:
   the order, and an operator signs in (a shop token refused), finds the payment, filters the
   orders DLQ, requeues the letter in two steps (the dry run moves nothing), sees it processed
   exactly once and the requeue in the audit trail, and signs out;
-- signing in with the keyboard alone.
+- signing in with the keyboard alone;
+- resolving an order with the payment page's form (a forbidden move refused, then forced and
+  shown as forced) and finding an undecided payment on the "Missing" page.
 
 The story saves screenshots of the main pages to build/console-screenshots/ (git-ignored);
 `CONSOLE_SCREENSHOTS=docs/screenshots` writes them over the runbook's copies instead. The
@@ -39,19 +41,24 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from shared.amqp.topology import Topology
 from shared.ops import dlq
+from shared.queries import orders as orders_sql
 from tests.conftest import SmtpSink
-from tests.helpers import payment_event
+from tests.helpers import eventually, payment_event
 from tests.integration.api_contract import running_api
 from tests.integration.system import (
     EMAIL_FROM,
+    effects,
     paid_once,
     post,
+    quiescent,
     register,
+    smtp_messages,
     start_system,
     system_settings,
 )
 from tests.integration.test_api_operators import AUTH, done_with, new_order
 from tests.integration.test_dlq import Letter, new_id, put_dead_letters, queue_ids
+from tests.integration.test_replay import lost_event
 
 # Found on PATH, under any of the names distributions give them.
 CHROMIUM = next(
@@ -82,6 +89,9 @@ PAGE_DATA = [
     "#transitions",
     "#parked",
     "#dead-letters",
+    "#resolve",
+    "#undecided",
+    "#refused",
 ]
 
 T = TypeVar("T")
@@ -136,6 +146,10 @@ class Console:
     async def click(self, locator: Locator) -> None:
         """Click a link or a submit button, and wait for the page it leads to."""
         await self._off_loop(self._and_wait, lambda: self._find(locator).click())
+
+    async def click_here(self, locator: Locator) -> None:
+        """Click something that changes this page only (a summary, a checkbox)."""
+        await self._off_loop(lambda: self._find(locator).click())
 
     async def keys(self, *keys: str) -> str:
         """Type into whatever has the focus; the focused element's id (or tag) afterwards."""
@@ -268,6 +282,7 @@ async def test_every_console_page_sends_a_browser_without_a_session_to_sign_in(
         "/console/dlq/orders",
         "/console/unrouted",
         "/console/audit",
+        "/console/missing",
         f"/console/search?q={letter.payment_id}",
         f"/console/payments/{letter.payment_id}",
     ]
@@ -446,3 +461,127 @@ async def test_the_sign_in_form_works_with_the_keyboard_alone(
 
     assert await console.path() == "/console/audit"
     assert await console.text("strong#operator") == "ann"
+
+
+async def test_an_operator_replays_stored_webhooks_with_a_dry_run_then_a_confirmation(
+    browser: webdriver.Chrome,
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    db: Any,
+    channel: AbstractChannel,
+    topology: Topology,
+) -> None:
+    """One payment paid and done, one whose webhook was stored but never reached a worker:
+    the replay page's dry run counts both for orders and says one would be skipped, sends
+    nothing; the confirmation sends both, the lost one takes effect once, the done one
+    changes nothing, and the audit trail has the replay under ann's name."""
+    system = await start_system(
+        aiohttp_client, system_settings(make_settings, smtp[1]), channel, topology
+    )
+    done, lost = new_id("pay"), new_id("pay")
+    for payment_id in (done, lost):
+        await register(db, payment_id)
+    await post(system.ingest, payment_event(done, "paid"))
+    await quiescent(db, system)
+    lost_id = await lost_event(db, lost)
+    api_settings = make_settings(ADMIN_TOKENS=TOKENS, SMTP_PORT=str(smtp[1]), EMAIL_FROM=EMAIL_FROM)
+    console = Console(browser, await running_api(aiohttp_client, api_settings))
+
+    await console.open("/console/replay")
+    assert await on_sign_in_page(console)
+    assert await console.value("input[name=next]") == "/console/replay"
+    await sign_in(console, "ann-token")
+    assert await console.path() == "/console/replay"
+
+    await console.type("input#event_type", "payment.status_changed")
+    await console.click("#replay button[type=submit]")
+    assert "Dry run" in await console.text("p#replay-summary")
+    assert await console.text("p#replay-summary strong") == "2"
+    # worker, messages, already processed, would skip, not stored, sent
+    assert await console.rows("table#per-worker") == [["orders", "2", "1", "1", "0", "0"]]
+    assert await db.fetchval("SELECT count(*) FROM operator_actions") == 0
+    assert (await effects(db, lost))["status"] == "PENDING"
+    await console.screenshot("replay")
+
+    assert await console.text("#confirm button") == "Replay 2 events"
+    await console.click("#confirm button")
+    assert await console.text("strong#published") == "2"
+    assert await console.rows("table#per-worker") == [["orders", "2", "1", "1", "0", "2"]]
+
+    async def both_paid() -> list[dict[str, Any]]:
+        return [await effects(db, p) for p in (done, lost)]
+
+    paid = {"status": "PAID", "bonus": 500, "ledger": ["grant"], "emails": ["payment_succeeded"]}
+    await eventually(both_paid, lambda found: found == [paid, paid], timeout_s=20)
+    for payment_id in (done, lost):
+        assert smtp_messages(smtp[0], payment_id) == ["payment_succeeded"]
+
+    await console.click((By.LINK_TEXT, "Audit"))
+    actions = await console.rows("table#actions")
+    assert [row[1:4] for row in actions] == [["ann", "console", "event.replay"]]
+    [row] = await db.fetch("SELECT ids, count FROM operator_actions")
+    assert row["count"] == 2
+    assert lost_id in list(row["ids"])
+
+
+async def test_an_operator_resolves_an_order_in_the_browser_and_a_forced_move_shows(
+    browser: webdriver.Chrome,
+    aiohttp_client: Any,
+    make_settings: Any,
+    db: Any,
+    channel: AbstractChannel,
+) -> None:
+    payment_id, undecided = new_id("pay"), new_id("pay")
+    await register(db, payment_id)
+    await register(db, undecided)
+    await orders_sql.flag_undecided(db, undecided, "currency_mismatch")
+    console = Console(
+        browser, await running_api(aiohttp_client, make_settings(ADMIN_TOKENS=TOKENS))
+    )
+    await console.open("/console/")
+    await sign_in(console, "ann-token")
+
+    # The "Missing" page lists the undecided payment: what to ask X-Hub about.
+    await console.click((By.LINK_TEXT, "Missing"))
+    assert await console.path() == "/console/missing"
+    assert [row[0] for row in await console.rows("#undecided table")] == [undecided]
+
+    # PENDING -> PAID through the form: the operator's transition.
+    await console.open(f"/console/payments/{payment_id}")
+    await console.click_here("#resolve summary")
+    await console.choose("select#resolve-to", "PAID")
+    await console.type("textarea#resolve-reason", "paid per bank statement")
+    await console.click("#resolve-submit")
+    assert await console.path() == f"/console/payments/{payment_id}"
+    assert "PAID" in await console.text("#order")
+    assert [row[1:] for row in await console.rows("#transitions table")] == [
+        ["PENDING", "PAID", "operator ann: paid per bank statement"]
+    ]
+
+    # PAID -> CANCELLED: the order machine never makes it; refused without force, kept typed.
+    await console.click_here("#resolve summary")
+    await console.choose("select#resolve-to", "CANCELLED")
+    await console.type("textarea#resolve-reason", "fraud confirmed")
+    await console.click("#resolve-submit")
+    assert "never moves PAID to CANCELLED" in await console.text("#resolve-problem")
+    assert "PAID" in await console.text("#order")
+    assert await console.chosen("select#resolve-to") == "CANCELLED"
+    await console.click_here("#resolve-force")
+    await console.click("#resolve-submit")
+    assert "CANCELLED" in await console.text("#order")
+    rows = await console.rows("#transitions table")
+    assert [row[1:] for row in rows][-1] == [
+        "PAID",
+        "CANCELLED FORCED",
+        "operator ann: fraud confirmed",
+    ]
+    await console.screenshot("resolve")
+    actions = await db.fetch(
+        "SELECT source, actor, filter FROM operator_actions WHERE action = 'order.resolve'"
+        " ORDER BY id"
+    )
+    assert [(a["source"], a["actor"], a["filter"]["forced"]) for a in actions] == [
+        ("console", "ann", False),
+        ("console", "ann", True),
+    ]

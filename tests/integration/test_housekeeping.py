@@ -51,7 +51,13 @@ async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
     finally:
         await pool.close()
 
-    assert deleted == {"inbox": 1, "outbox": 1, "processed_events": 1, "parked_events": 2}
+    assert deleted == {
+        "inbox": 1,
+        "outbox": 1,
+        "processed_events": 1,
+        "parked_events": 2,
+        "refused_webhooks": 0,
+    }
     assert sorted(r["event_id"] for r in await db.fetch("SELECT event_id FROM inbox")) == [
         "old_unpublished",
         "recent",

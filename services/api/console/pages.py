@@ -139,6 +139,8 @@ async def overview(request: web.Request) -> web.Response:
         outbox_backlog=gauge("payhooks_outbox_backlog"),
         undecided=gauge("payhooks_orders_undecided"),
         undecided_oldest_s=gauge("payhooks_orders_undecided_oldest_seconds"),
+        parked=gauge("payhooks_parked_events"),
+        parked_oldest_s=gauge("payhooks_parked_events_oldest_seconds"),
         recent=recent,
         recent_capped=recent >= RECENT_CAP,
         recent_minutes=RECENT_S // 60,

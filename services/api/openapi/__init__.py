@@ -7,12 +7,9 @@ from typing import Any
 
 from services.api.openapi.build import PATH as PATH
 from services.api.openapi.paths import PATHS
+from services.api.openapi.resolve_paths import RESOLVE_PATHS, RESOLVE_SCHEMAS
 from services.api.openapi.schemas import SCHEMAS
-from services.api.openapi.workers import AUDIT_ACTIONS, WORKER_PATHS, WORKER_SCHEMAS
-
-_actions = SCHEMAS["AuditPage"]["properties"]["actions"]["items"]["properties"]
-_actions["action"]["enum"] = [*_actions["action"]["enum"], *AUDIT_ACTIONS]
-_actions["source"]["enum"] = sorted({*_actions["source"]["enum"], "console"})
+from services.api.openapi.workers import WORKER_PATHS, WORKER_SCHEMAS
 
 DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -28,9 +25,9 @@ DOCUMENT: dict[str, Any] = {
         ),
     },
     "security": [{"adminToken": []}],
-    "paths": PATHS | WORKER_PATHS,
+    "paths": PATHS | RESOLVE_PATHS | WORKER_PATHS,
     "components": {
-        "schemas": SCHEMAS | WORKER_SCHEMAS,
+        "schemas": SCHEMAS | RESOLVE_SCHEMAS | WORKER_SCHEMAS,
         "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
     },
 }

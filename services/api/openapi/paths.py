@@ -247,6 +247,31 @@ PATHS: dict[str, Any] = {
             ),
         }
     },
+    "/api/replay": {
+        "post": {
+            "summary": "Send stored webhooks again to chosen workers (dry run: count only)",
+            "description": (
+                "Each worker gets what it takes of an event: the orders worker the webhook as"
+                " stored, bonuses and emails the order transitions it caused. Effects stay"
+                " exactly once by the workers' keys (`would_skip` counts the copies they will"
+                " skip); `reprocess` lets orders and bonuses apply again what they marked"
+                " processed. Recorded in the audit trail (not dry runs)."
+            ),
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ref("ReplayRequest")}},
+            },
+            "responses": protected(
+                {
+                    "200": ok(ref("ReplayResult"), "what was sent (or would be), per worker"),
+                    "400": problem("not JSON, or a field that is not right", "invalid_request"),
+                    "409": problem("a worker's queue did not take a message", "replay_unroutable"),
+                    "422": problem("more events than one run replays", "replay_too_large"),
+                    **BODY_ERRORS,
+                },
+            ),
+        }
+    },
     PATH: {
         "get": {
             **OPEN,

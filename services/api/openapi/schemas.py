@@ -15,6 +15,8 @@ from services.api.openapi.build import (
     ref,
 )
 from services.api.responses import PROBLEMS
+from shared.ops import inbox_view, replay_selection
+from shared.queries import audit
 from shared.vocabulary import OrderStatus
 
 SCHEMAS: dict[str, Schema] = {
@@ -43,6 +45,20 @@ SCHEMAS: dict[str, Schema] = {
                 "type": "object",
                 "additionalProperties": STR,
                 "description": "invalid_order: one message per bad field",
+            },
+            "field": {**STR, "description": "invalid_request of a replay: the bad field"},
+            "published": {
+                "type": "object",
+                "additionalProperties": INT,
+                "description": "replay_unroutable: messages confirmed per worker before it",
+            },
+            "in_flight": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"event_id": STR, "event": STR, "where": STR},
+                },
+                "description": "resolve_in_flight: the payment's events not yet processed",
             },
         },
         "additionalProperties": False,
@@ -117,7 +133,19 @@ SCHEMAS: dict[str, Schema] = {
                 )
             ),
             "transitions": list_of(
-                object_of({"id": INT, "from": STR, "to": STR, "event_id": STR, "at": TIME})
+                object_of(
+                    {
+                        "id": INT,
+                        "from": STR,
+                        "to": STR,
+                        "event_id": STR,
+                        "at": TIME,
+                        "source": {"enum": ["event", "operator"]},
+                        "actor": nullable(STR),
+                        "forced": {"type": "boolean"},
+                        "reason": nullable(STR),
+                    }
+                )
             ),
             "bonus": list_of(
                 object_of(
@@ -290,11 +318,8 @@ SCHEMAS: dict[str, Schema] = {
                         "id": INT,
                         "at": TIME,
                         "actor": {**STR, "description": "a token's name, or cli:<OS user>"},
-                        "source": {"type": "string", "enum": ["api", "cli"]},
-                        "action": {
-                            "type": "string",
-                            "enum": ["dlq.requeue", "dlq.purge", "order.register"],
-                        },
+                        "source": {"type": "string", "enum": list(audit.SOURCES)},
+                        "action": {"type": "string", "enum": list(audit.ACTIONS)},
                         "target": {**STR, "description": "a DLQ's name, or an order id"},
                         "filter": {"type": "object", "description": "a requeue's selection"},
                         "ids": {**list_of(STR), "description": "moved messages, or payment id"},
@@ -303,6 +328,78 @@ SCHEMAS: dict[str, Schema] = {
                 )
             ),
             "next_cursor": nullable(STR),
+        }
+    ),
+    "ReplayRequest": {
+        "type": "object",
+        "description": (
+            "Which stored webhooks to send again, to which workers (all criteria must hold;"
+            " at least one of event_type, payment_id, since, until, event_ids)."
+        ),
+        "additionalProperties": False,
+        "properties": {
+            "event_type": {**STR, "examples": ["payment.status_changed"]},
+            "since": {**STR, "description": "received at or after; ISO 8601, UTC if no offset"},
+            "until": {**STR, "description": "received at or before; ISO 8601"},
+            "payment_id": STR,
+            "provider": {**STR, "examples": ["xhub"]},
+            "outcome": {
+                "type": "string",
+                "enum": list(inbox_view.OUTCOME_FILTERS),
+                "description": "what became of the event, as GET /api/events filters it",
+            },
+            "event_ids": {**list_of(STR), "maxItems": replay_selection.MAX_IDS},
+            "workers": {
+                **list_of({"type": "string", "enum": list(replay_selection.WORKERS)}),
+                "description": "default: the workers each event's type is bound to today",
+            },
+            "reprocess": {
+                "type": "boolean",
+                "default": False,
+                "description": "apply what a worker marked processed (needs reason); an email"
+                " already sent is never sent again",
+            },
+            "reason": {**STR, "maxLength": replay_selection.MAX_REASON},
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": replay_selection.MAX_EVENTS,
+                "description": "replay the oldest N of a larger selection",
+            },
+            "dry_run": {"type": "boolean", "default": False},
+        },
+    },
+    "ReplayResult": object_of(
+        {
+            "replay_id": {**STR, "description": "the `replay` header of every message sent"},
+            "dry_run": {"type": "boolean"},
+            "reprocess": {"type": "boolean"},
+            "reason": nullable(STR),
+            "selection": {"type": "object", "description": "the criteria given"},
+            "workers_chosen": list_of(STR),
+            "events": {**INT, "description": "stored events selected"},
+            "more": {"type": "boolean", "description": "a limit left newer events out"},
+            "last_received_at": {
+                **nullable(TIME),
+                "description": "of the newest event taken: `since` of the next run",
+            },
+            "workers": {
+                "type": "object",
+                "additionalProperties": object_of(
+                    {
+                        "messages": INT,
+                        "already_processed": INT,
+                        "would_skip": INT,
+                        "not_stored": INT,
+                        "published": INT,
+                    }
+                ),
+            },
+            "no_route": {
+                "type": "object",
+                "additionalProperties": INT,
+                "description": "selected events of types no chosen worker takes today",
+            },
         }
     ),
 }

@@ -128,11 +128,3 @@ WORKER_SCHEMAS: dict[str, Schema] = {
         }
     ),
 }
-
-# The audit trail's actions and sources these routes add.
-AUDIT_ACTIONS = [
-    worker_input.PAUSE,
-    worker_input.RESUME,
-    worker_input.THROTTLE,
-    worker_input.UNTHROTTLE,
-]
