@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
@@ -547,3 +548,47 @@ class ReconcilerMetrics:
                 registry=registry,
             ),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerControlMetrics:
+    """What operators set on a worker (shared/worker/controls.py): every replica exports the
+    same values, read from the worker_controls row."""
+
+    operator_paused: Gauge
+    operator_paused_since: Gauge
+    rate_limit: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> WorkerControlMetrics:
+        return cls(
+            operator_paused=Gauge(
+                "payhooks_worker_operator_paused",
+                "1 while an operator has paused the worker (payhooks worker pause), else 0.",
+                ["worker"],
+                registry=registry,
+                multiprocess_mode="max",
+            ),
+            operator_paused_since=Gauge(
+                "payhooks_worker_operator_paused_since_timestamp_seconds",
+                "When the operator's pause of the worker began (Unix time); 0 when it runs.",
+                ["worker"],
+                registry=registry,
+                multiprocess_mode="max",
+            ),
+            rate_limit=Gauge(
+                "payhooks_worker_rate_limit_per_second",
+                "The operator's cap on the messages the worker takes per second, shared by"
+                " its replicas (payhooks worker throttle); 0 when it has none.",
+                ["worker"],
+                registry=registry,
+                multiprocess_mode="max",
+            ),
+        )
+
+    def set(self, worker: str, paused_at: datetime | None, per_second: float | None) -> None:
+        self.operator_paused.labels(worker=worker).set(0 if paused_at is None else 1)
+        self.operator_paused_since.labels(worker=worker).set(
+            0 if paused_at is None else paused_at.timestamp()
+        )
+        self.rate_limit.labels(worker=worker).set(per_second or 0)

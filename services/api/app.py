@@ -19,6 +19,7 @@ from services.api import (
     order_routes,
     replay_routes,
     resolve_routes,
+    worker_routes,
 )
 from services.api.auth import admin_auth
 from services.api.console import PREFIX as CONSOLE
@@ -119,6 +120,11 @@ def create_app(
     app.router.add_post("/api/replay", replay_routes.replay)
     app.router.add_post("/api/payments/{payment_id:[^/]+}/resolve", resolve_routes.resolve_order)
     app.router.add_get("/api/missing", resolve_routes.get_missing)
+    app.router.add_get("/api/workers", worker_routes.list_workers)
+    app.router.add_post("/api/workers/{worker}/pause", worker_routes.pause_worker)
+    app.router.add_post("/api/workers/{worker}/resume", worker_routes.resume_worker)
+    app.router.add_post("/api/workers/{worker}/throttle", worker_routes.throttle_worker)
+    app.router.add_delete("/api/workers/{worker}/throttle", worker_routes.unthrottle_worker)
     app.router.add_get(openapi.PATH, openapi_document)
     app.router.add_get(CONSOLE, to_console)
     app.add_subapp(CONSOLE, console_app(settings.admin_tokens))

@@ -33,6 +33,7 @@ PROBLEMS: dict[str, str] = {
     "resolve_in_flight": "A provider event of the payment is still being processed",
     "resolve_forbidden": "The order machine forbids this move without force",
     "resolve_no_change": "The order is in that status already",
+    "worker_state": "The worker is in that state already",
     # Any other HTTP error aiohttp raises: nothing beyond its status, so type about:blank.
     "http_error": "",
 }

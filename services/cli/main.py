@@ -17,7 +17,17 @@ from typing import Any, TypeVar
 
 from dotenv import load_dotenv
 
-from services.cli import audit, commands, events, migrations, replay, resolve, run_all, send
+from services.cli import (
+    audit,
+    commands,
+    events,
+    migrations,
+    replay,
+    resolve,
+    run_all,
+    send,
+    workers,
+)
 from services.cli.registry import SERVICES
 from services.sim import run as sim_run
 from shared.config import ConfigError, Settings
@@ -150,6 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_arguments(
         subcommands.add_parser("audit", help="operator actions, newest first: who did what"),
         _positive,
+    )
+
+    workers.add_arguments(
+        subcommands.add_parser("worker", help="pause, resume or rate-limit a worker's replicas")
     )
 
     sim = subcommands.add_parser("sim", help="X-Hub simulator: fake payments API + signed webhooks")

@@ -3,8 +3,8 @@ console and the CLI only parse their input and render the answer, so no edge can
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeAlias
@@ -16,7 +16,7 @@ from shared import resolution
 from shared.amqp.topology import Topology
 from shared.db import Executor
 from shared.errors import UnavailableError
-from shared.ops import dlq, dlq_lock, order_resolution
+from shared.ops import dlq, dlq_lock, order_resolution, worker_input
 from shared.ops.connections import UnreachableError
 from shared.ops.dlq_moves import Progress, Selection, purge, requeue
 from shared.ops.order_input import order_json
@@ -24,6 +24,7 @@ from shared.ops.replay import Plan, ReplayPublishError, plan, publish
 from shared.ops.replay_selection import ReplayRequest
 from shared.queries import audit
 from shared.queries import orders as orders_sql
+from shared.queries import worker_controls as worker_sql
 from shared.queries.orders import NewOrder
 
 # Where the audit row goes: a pool or connection at hand, or one to open after the action
@@ -239,3 +240,116 @@ async def resolve_order_recorded(
                 conn, payment_id, request, who, dead_lettered, record
             )
     return await order_resolution.resolve(db, payment_id, request, who, dead_lettered, record)
+
+
+# Workers: an operator's pause and rate cap (shared/worker/controls.py applies them). Each
+# changes the worker's row, NOTIFYs every replica and records the action, in one transaction.
+
+
+class WorkerStateError(ValueError):
+    """The action would change nothing: paused already, not paused, no cap to lift."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerChanged:
+    controls: worker_sql.Controls
+    previous: dict[str, Any]  # what the action replaced or ended
+
+    def as_json(self) -> dict[str, Any]:
+        return self.controls.as_json() | {"previous": self.previous}
+
+
+async def pause_worker_recorded(
+    pool: Executor, worker: str, reason: str, by: Operator
+) -> WorkerChanged:
+    """Pause every replica of `worker`; WorkerStateError if it is paused already (resume it
+    first: who paused it, and why, is never overwritten)."""
+    worker = _known_worker(worker)
+    async with _transaction(pool) as conn:
+        paused = await worker_sql.pause(conn, worker, by.name, reason)
+        if paused is None:
+            now = await worker_sql.controls(conn, worker)
+            raise WorkerStateError(
+                f"{worker} is paused already, by {now.paused_by} since"
+                f" {now.paused_at.isoformat() if now.paused_at else '?'}: {now.paused_reason}"
+            )
+        await worker_sql.notify(conn, worker)
+        action = audit.Action(
+            by.name, by.edge.value, worker_input.PAUSE, worker, [], 1, {"reason": reason}
+        )
+        await audit.record(conn, action)
+        return WorkerChanged(await worker_sql.controls(conn, worker), {})
+
+
+async def resume_worker_recorded(pool: Executor, worker: str, by: Operator) -> WorkerChanged:
+    """End the operator's pause of `worker`; WorkerStateError if it is not paused."""
+    worker = _known_worker(worker)
+    async with _transaction(pool) as conn:
+        ended = await worker_sql.resume(conn, worker)
+        if ended is None or ended.paused_at is None:
+            raise WorkerStateError(f"{worker} is not paused")
+        await worker_sql.notify(conn, worker)
+        was = {
+            "paused_by": ended.paused_by,
+            "paused_reason": ended.paused_reason,
+            "paused_at": ended.paused_at.isoformat(),
+        }
+        await audit.record(
+            conn, audit.Action(by.name, by.edge.value, worker_input.RESUME, worker, [], 1, was)
+        )
+        return WorkerChanged(await worker_sql.controls(conn, worker), was)
+
+
+async def throttle_worker_recorded(
+    pool: Executor, worker: str, per_second: float, by: Operator
+) -> WorkerChanged:
+    """Cap `worker` at `per_second` messages per second over all its replicas (a cap it had
+    is replaced)."""
+    worker = _known_worker(worker)
+    async with _transaction(pool) as conn:
+        previous = await worker_sql.throttle(conn, worker, per_second, by.name)
+        await worker_sql.notify(conn, worker)
+        what = {"per_second": per_second, "previous_per_second": previous}
+        await audit.record(
+            conn, audit.Action(by.name, by.edge.value, worker_input.THROTTLE, worker, [], 1, what)
+        )
+        return WorkerChanged(
+            await worker_sql.controls(conn, worker), {"rate_limit_per_second": previous}
+        )
+
+
+async def unthrottle_worker_recorded(pool: Executor, worker: str, by: Operator) -> WorkerChanged:
+    """Lift `worker`'s cap; WorkerStateError if it has none."""
+    worker = _known_worker(worker)
+    async with _transaction(pool) as conn:
+        lifted = await worker_sql.unthrottle(conn, worker)
+        if lifted is None:
+            raise WorkerStateError(f"{worker} has no rate limit")
+        await worker_sql.notify(conn, worker)
+        what = {"previous_per_second": lifted}
+        await audit.record(
+            conn,
+            audit.Action(by.name, by.edge.value, worker_input.UNTHROTTLE, worker, [], 1, what),
+        )
+        return WorkerChanged(
+            await worker_sql.controls(conn, worker), {"rate_limit_per_second": lifted}
+        )
+
+
+def _known_worker(raw: str) -> str:
+    """The worker's own name (`emails` is the email worker); WorkerInputError if none."""
+    worker = worker_input.worker_name(raw)
+    if worker is None:
+        raise worker_input.WorkerInputError(f"no worker {raw!r}: one of {worker_input.WORKERS}")
+    return worker
+
+
+@asynccontextmanager
+async def _transaction(db: Executor) -> AsyncIterator[Executor]:
+    """A transaction on `db`'s connection (a pool lends one)."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():
+            yield db

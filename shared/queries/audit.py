@@ -20,7 +20,21 @@ PURGE = "dlq.purge"
 ORDER_REGISTER = "order.register"
 REPLAY = "event.replay"
 ORDER_RESOLVE = "order.resolve"
-ACTIONS = (REQUEUE, PURGE, ORDER_REGISTER, REPLAY, ORDER_RESOLVE)
+WORKER_PAUSE = "worker.pause"
+WORKER_RESUME = "worker.resume"
+WORKER_THROTTLE = "worker.throttle"
+WORKER_UNTHROTTLE = "worker.unthrottle"
+ACTIONS = (
+    REQUEUE,
+    PURGE,
+    ORDER_REGISTER,
+    REPLAY,
+    ORDER_RESOLVE,
+    WORKER_PAUSE,
+    WORKER_RESUME,
+    WORKER_THROTTLE,
+    WORKER_UNTHROTTLE,
+)
 SOURCES = ("api", "cli", "console")  # the operator_actions.source constraint (migration 013)
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100

@@ -75,8 +75,14 @@ class Consumer:
         channel restores then is the consumer resume() finds."""
         self._paused = True
         queue, tag = self._consuming, self._consumer_tag
-        if queue is None or tag is None or not await self.consuming():
+        if queue is None or tag is None:
             return
+        if not await self.consuming():
+            if not self._broker.is_ready:
+                return
+            # The broker is there and the answer was slow or unsure: that is no proof the
+            # consumer is gone, so cancel it anyway (bounded).
+            log.info("worker.cancel_unconfirmed", worker=self.name)
         try:
             async with asyncio.timeout(_STOP_TIMEOUT_S):
                 await queue.cancel(tag)
@@ -115,7 +121,11 @@ class Consumer:
         it has not come back _RECONSUME_AFTER_S after the broker is ready again (the broker
         replaced a connection that never recovered), consume on a new channel."""
         await self._broker.wait_connected(timeout_s=float("inf"))
-        await self._consume_until_done()
+        async with self._consume_lock:
+            # Paused before it first consumed (an operator's pause read at startup): resume()
+            # consumes; resumed meanwhile: it consumes already.
+            if not self._paused and not await self.consuming():
+                await self._consume_until_done()
         loop = asyncio.get_running_loop()
         lost_since: float | None = None
         while True:

@@ -1,6 +1,11 @@
 """A worker paused for a dependency that is down: it takes no work while any of its
 dependencies is paused, probes each with a growing backoff, and resumes by itself once all
-answer. One log line when it pauses, one when it resumes; the gauge and /readyz say why."""
+answer. One log line when it pauses, one when it resumes; the gauge and /readyz say why.
+
+An operator's pause (`payhooks worker pause`, shared/worker/controls.py) is a hold on the same
+pause: the worker runs again only once no dependency is paused *and* no hold is on, so a
+probe that finds its dependency back never ends an operator's pause, and a resume by the
+operator never ends a dependency's."""
 
 from __future__ import annotations
 
@@ -32,6 +37,21 @@ CALM_AFTER_S = 60.0
 PROBE_TIMEOUT_S = 5.0
 
 Hook = Callable[[], Awaitable[None]]
+# Called when the worker goes from running to paused: True to hand back what it holds (a
+# dependency is down), False to keep it, in order, for when it runs again (an operator's hold).
+PauseHook = Callable[[bool], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """An operator's pause, as the worker_controls row says it."""
+
+    by: str
+    reason: str
+    at: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {"by": self.by, "reason": self.reason, "since": self.at.isoformat()}
 
 
 @dataclass(slots=True)
@@ -52,7 +72,7 @@ class Pause:
         worker: str,
         probes: Mapping[Dependency, Probe],
         gauge: Gauge,
-        on_pause: Hook,
+        on_pause: PauseHook,
         on_resume: Hook,
         *,
         backoff_s: tuple[float, ...] = BACKOFF_S,
@@ -66,6 +86,7 @@ class Pause:
         # Per dependency: the BACKOFF_S step its next pause starts at, and its last resume.
         self._step: dict[Dependency, int] = {}
         self._resumed_at: dict[Dependency, float] = {}
+        self._held: Hold | None = None
         self._transitions = asyncio.Lock()
         self.running = asyncio.Event()
         self.running.set()
@@ -74,7 +95,45 @@ class Pause:
 
     @property
     def is_paused(self) -> bool:
+        return bool(self._paused) or self._held is not None
+
+    @property
+    def dependency_paused(self) -> bool:
         return bool(self._paused)
+
+    @property
+    def held(self) -> Hold | None:
+        return self._held
+
+    async def hold(self, hold: Hold) -> None:
+        """The operator's pause (a new reason or actor replaces the one shown)."""
+        async with self._transitions:
+            if self._held == hold:
+                return
+            first = not self.is_paused
+            was, self._held = self._held, hold
+            self.running.clear()
+            if was is None:
+                log.warning("worker.held", worker=self._worker, by=hold.by, reason=hold.reason)
+            if first:
+                await self._on_pause(False)
+
+    async def release(self) -> None:
+        """End the operator's pause: the worker runs again unless a dependency is down."""
+        async with self._transitions:
+            if self._held is None:
+                return
+            held, self._held = self._held, None
+            log.info(
+                "worker.released",
+                worker=self._worker,
+                by=held.by,
+                held_s=round((dt.datetime.now(dt.UTC) - held.at).total_seconds(), 3),
+                waiting_for=[str(d) for d in self._paused],
+            )
+            if not self._paused and self._held is None:
+                await self._on_resume()
+                self.running.set()
 
     async def pause(self, dependency: Dependency, error: BaseException) -> None:
         """Pause for `dependency` (nothing more if it is paused already)."""
@@ -85,7 +144,7 @@ class Pause:
             now = loop.time()
             if now - self._resumed_at.get(dependency, -CALM_AFTER_S) >= CALM_AFTER_S:
                 self._step[dependency] = 0
-            first = not self._paused
+            first = not self.is_paused
             paused = self._paused[dependency] = _Paused(
                 now, dt.datetime.now(dt.UTC), error_text(error)[:MAX_ERROR_CHARS]
             )
@@ -99,7 +158,7 @@ class Pause:
                 probe_in_s=self._delay(dependency),
             )
             if first:
-                await self._on_pause()
+                await self._on_pause(True)
             paused.task = asyncio.create_task(
                 self._probe_until_up(dependency), name=f"{self._worker}-probe-{dependency}"
             )
@@ -155,6 +214,6 @@ class Pause:
                 dependency=str(dependency),
                 paused_s=round(loop.time() - paused.since, 3),
             )
-            if not self._paused:
+            if not self._paused and self._held is None:  # an operator's hold outlasts it
                 await self._on_resume()
                 self.running.set()

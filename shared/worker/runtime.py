@@ -3,7 +3,9 @@ handler (one transaction), the committed ones acked together, each failure route
 its retry queue or DLQ (shared/worker/failures.py), handed back (nack) if even that fails. A failure
 that is a dependency's outage (shared/outages.py) is no attempt of the message: it goes back
 to its queue as it was, and the worker pauses until the dependency is back
-(shared/worker/pause.py)."""
+(shared/worker/pause.py). An operator's pause keeps what the worker holds, in order, for when
+it runs again (HOLD_S at most); an operator's rate cap sizes each batch by the tokens it got
+from the bucket every replica shares (shared/worker/controls.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import datetime as dt
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import structlog
@@ -49,6 +51,22 @@ BATCHERS = 1
 # How long a batch that is not full waits for more messages: at a steady rate, a longer wait
 # makes fewer, larger batches and a lower p99 (docs/performance.md).
 LINGER_S = 0.02
+# How long an operator's pause keeps the messages the worker had received, unacknowledged, so
+# that they are the first it processes when it runs again (nothing reordered): then they are
+# handed back like a dependency's pause does, to the back of the queue (RabbitMQ closes a
+# channel holding a delivery past its consumer_timeout, 30 minutes by default).
+HOLD_S = 600.0
+
+
+class Throttle(Protocol):
+    """A rate cap: `limited` false means none (then nothing is asked, the hot path untouched);
+    `take(n)` waits until it may hand out some of the n, and returns how many (0: the worker
+    was paused meanwhile)."""
+
+    @property
+    def limited(self) -> bool: ...
+
+    async def take(self, wanted: int) -> int: ...
 
 
 class MissingMessageIdError(PermanentError):
@@ -73,6 +91,8 @@ class Worker:
         linger_s: float = LINGER_S,
         shutdown_timeout_s: float = 10.0,
         probes: Mapping[Dependency, Probe] | None = None,
+        throttle: Throttle | None = None,
+        hold_s: float = HOLD_S,
     ) -> None:
         """`probes`: how to tell each dependency the worker needs is back after an outage
         (one without a probe is tried again with the next batch, after the pause's wait)."""
@@ -95,9 +115,10 @@ class Worker:
         self._windows: dict[object, AckWindow] = {}
         self._batcher_tasks: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
-        self.pause = Pause(
-            name, probes or {}, metrics.paused, self._on_pause, self._consumer.resume
-        )
+        self._throttle = throttle
+        self._hold_s = hold_s
+        self._hold_timer: asyncio.Task[None] | None = None
+        self.pause = Pause(name, probes or {}, metrics.paused, self._on_pause, self._on_resume)
 
     def start(self) -> None:
         self._consumer.start()
@@ -115,6 +136,8 @@ class Worker:
     async def stop(self) -> None:
         """Stop taking messages, let the batches in hand finish, hand back the rest."""
         await self.pause.close()
+        if self._hold_timer is not None:
+            await cancel_and_wait(self._hold_timer)
         await self._consumer.stop()
         for task in self._batcher_tasks:  # waiting for the next batch, not in one
             await cancel_and_wait(task)
@@ -155,16 +178,20 @@ class Worker:
                     await self._arrived.wait()
                 if len(self._waiting) < self._batch_size:
                     await asyncio.sleep(self._linger_s)  # what arrives meanwhile joins it
-                taken = [
-                    self._waiting.popleft()
-                    for _ in range(min(self._batch_size, len(self._waiting)))
-                ]
+                size = min(self._batch_size, len(self._waiting))
+                if self._throttle is not None and self._throttle.limited:
+                    # A pause meanwhile may have handed back what was waiting.
+                    size = min(await self._throttle.take(size), len(self._waiting))
+                taken = [self._waiting.popleft() for _ in range(size)]
             # Received on a channel that has closed since (RabbitMQ restarted): they are
             # RabbitMQ's again and come back on the new one; handled now, they could not be
             # acked.
             batch = [m for m in taken if _open_channel(m) is not None]
             if batch and self.pause.is_paused:  # paused while it gathered
-                await self._hand_back(batch)
+                if self.pause.dependency_paused:
+                    await self._hand_back(batch)
+                else:  # an operator's pause: first in line when the worker runs again
+                    self._waiting.extendleft(reversed(batch))
                 continue
             if not batch:
                 continue
@@ -245,12 +272,36 @@ class Worker:
                 duration_s=round(duration_s, 6),
             )
 
-    async def _on_pause(self) -> None:
-        """Take nothing more; hand back what has arrived and waits for a batch."""
+    async def _on_pause(self, hand_back: bool) -> None:
+        """Take nothing more; hand back what has arrived and waits for a batch (an operator's
+        pause keeps it for HOLD_S first)."""
         await self._consumer.pause()
+        if not hand_back:
+            self._hold_timer = asyncio.create_task(
+                self._hand_back_held(), name=f"{self.name}-hold-timer"
+            )
+            return
+        await self._hand_back_waiting()
+
+    async def _hand_back_waiting(self) -> None:
         waiting = [m for m in self._waiting if _open_channel(m) is not None]
         self._waiting.clear()
         await self._hand_back(waiting)
+
+    async def _hand_back_held(self) -> None:
+        await asyncio.sleep(self._hold_s)
+        if self.pause.is_paused:
+            log.info("worker.hold_handed_back", worker=self.name, messages=len(self._waiting))
+            await self._hand_back_waiting()
+
+    async def _on_resume(self) -> None:
+        if self._hold_timer is not None:
+            timer, self._hold_timer = self._hold_timer, None
+            if timer is not asyncio.current_task():
+                await cancel_and_wait(timer)
+        await self._consumer.resume()
+        if self._waiting:  # what an operator's pause kept: processed first
+            self._arrived.set()
 
     async def _hand_back(self, messages: list[AbstractIncomingMessage]) -> None:
         """Back to the work queue as they came, no attempt counted: a copy with the same

@@ -56,6 +56,10 @@ _WORKER_METRICS = {
     "payhooks_messages_processed_total": Metric("counter", ("worker", "outcome")),
     "payhooks_processing_duration_seconds": Metric("histogram", ("worker",)),
     "payhooks_worker_paused": Metric("gauge", ("worker", "dependency")),
+    # An operator's pause and rate cap (shared/worker/controls.py): the same on every replica.
+    "payhooks_worker_operator_paused": Metric("gauge", ("worker",)),
+    "payhooks_worker_operator_paused_since_timestamp_seconds": Metric("gauge", ("worker",)),
+    "payhooks_worker_rate_limit_per_second": Metric("gauge", ("worker",)),
 }
 
 # Every service's, beside the process_* and python_info collectors' (tests/integration/

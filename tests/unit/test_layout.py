@@ -122,9 +122,11 @@ ACTIONS = {
     "dlq_moves": {"requeue", "purge"},
     "audit": {"record", "Action"},
     "orders": {"register_order"},
+    "worker_controls": {"pause", "resume", "throttle", "unthrottle"},
 }
 ACTION_ATTRIBUTES = {("dlq_moves", "requeue"), ("dlq_moves", "purge"), ("audit", "record")}
 ACTION_ATTRIBUTES |= {("audit", "Action"), ("orders_sql", "register_order")}
+ACTION_ATTRIBUTES |= {("worker_sql", a) for a in ("pause", "resume", "throttle", "unthrottle")}
 # The queries that define them, and the simulator, which plays the shop (its orders are no
 # operator's). operator_actions.py is known by its name, wherever it lives.
 ACTIONS_DEFINED = {ROOT / "services" / "sim" / "scenario.py"}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 from structlog.testing import capture_logs
 
 from shared.errors import Dependency
-from shared.worker.pause import Pause
+from shared.worker.pause import Hold, Pause
 
 PG, SMTP = Dependency.POSTGRESQL, Dependency.SMTP
 BACKOFF_S = (0.01, 0.02, 0.04)
@@ -34,8 +35,8 @@ class Dependencies:
 
         return {d: make(d) for d in (PG, SMTP)}
 
-    async def on_pause(self) -> None:
-        self.hooks.append("pause")
+    async def on_pause(self, hand_back: bool) -> None:
+        self.hooks.append("pause" if hand_back else "hold")
 
     async def on_resume(self) -> None:
         self.hooks.append("resume")
@@ -131,3 +132,42 @@ async def test_closing_a_paused_worker_stops_its_probes() -> None:
     probed = deps.probed[PG]
     await asyncio.sleep(0.1)
     assert deps.probed[PG] == probed
+
+
+HOLD = Hold("alice", "SMTP provider incident", dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+
+
+async def test_an_operators_hold_outlasts_a_dependencys_pause_and_recovery() -> None:
+    deps = Dependencies()
+    pause, gauge = make_pause(deps)
+    await pause.hold(HOLD)
+    await pause.hold(HOLD)  # read again by the next re-read: nothing more
+    assert pause.held == HOLD
+    assert not pause.dependency_paused
+    deps.down.add(PG)
+    await pause.pause(PG, ConnectionRefusedError())
+    deps.down.clear()
+    await until(lambda: not pause.dependency_paused)
+    assert pause.is_paused
+    assert not pause.running.is_set()  # the probe that found PostgreSQL back ended no hold
+    assert value(gauge, PG) == 0
+    await pause.release()
+    assert pause.running.is_set()
+    # The hold kept what the worker held (False); the dependency came second: no hand back.
+    assert deps.hooks == ["hold", "resume"]
+    await pause.close()
+
+
+async def test_an_operators_release_does_not_end_a_dependencys_pause() -> None:
+    deps = Dependencies()
+    pause, _ = make_pause(deps)
+    deps.down.add(SMTP)
+    await pause.pause(SMTP, ConnectionRefusedError())
+    await pause.hold(HOLD)
+    await pause.release()
+    assert pause.dependency_paused
+    assert not pause.running.is_set()
+    deps.down.clear()
+    await asyncio.wait_for(pause.running.wait(), 2)
+    assert deps.hooks == ["pause", "resume"]
+    await pause.close()

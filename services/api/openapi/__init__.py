@@ -9,6 +9,7 @@ from services.api.openapi.build import PATH as PATH
 from services.api.openapi.paths import PATHS
 from services.api.openapi.resolve_paths import RESOLVE_PATHS, RESOLVE_SCHEMAS
 from services.api.openapi.schemas import SCHEMAS
+from services.api.openapi.workers import WORKER_PATHS, WORKER_SCHEMAS
 
 DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -24,9 +25,9 @@ DOCUMENT: dict[str, Any] = {
         ),
     },
     "security": [{"adminToken": []}],
-    "paths": PATHS | RESOLVE_PATHS,
+    "paths": PATHS | RESOLVE_PATHS | WORKER_PATHS,
     "components": {
-        "schemas": SCHEMAS | RESOLVE_SCHEMAS,
+        "schemas": SCHEMAS | RESOLVE_SCHEMAS | WORKER_SCHEMAS,
         "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
     },
 }
