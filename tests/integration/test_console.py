@@ -388,3 +388,43 @@ async def test_the_overview_counts_the_parked_events_and_the_oldest_ones_age(
 
     row = page.split('id="parked"')[1].split("</tr>")[0]
     assert re.search(r'<td class="num">2 \(oldest 1 min', row), row
+
+
+async def test_an_order_registered_from_a_payment_page_releases_its_parked_events(
+    console: TestClient, db: Any
+) -> None:
+    """SPEC section 5: registering the order from the console releases the parked events,
+    through the function the api and the CLI use (the audit row says console)."""
+    event = parked_sql.ParkedEvent(
+        "evt_first", "xhub", "pay_first", "payment.status_changed", "k", b"{}", {}
+    )
+    await parked_sql.park(db, event)
+    await sign_in(console, "ann-token")
+    csrf = await csrf_of(console, "/console/payments/pay_first")
+    typed = {"order_id": "ord_first", "user_id": "u1", "email": "buyer@example.com"}
+
+    refused = await console.post(
+        "/console/payments/pay_first/order",
+        data={"csrf": csrf, **typed, "amount": "ten", "currency": "USD"},
+    )
+    assert refused.status == 400
+    page = await refused.text()
+    assert "amount: a decimal string" in page.split('id="register-problem"')[1]
+    assert 'value="ord_first"' in page  # what was typed, kept
+    assert await db.fetchval("SELECT count(*) FROM orders") == 0
+
+    done = await console.post(
+        "/console/payments/pay_first/order",
+        data={"csrf": csrf, **typed, "amount": "100.00", "currency": "USD"},
+        allow_redirects=False,
+    )
+    assert done.status == 303
+    assert done.headers["Location"] == "/console/payments/pay_first#order"
+    order = await db.fetchrow("SELECT order_id, amount::text, status FROM orders")
+    assert tuple(order) == ("ord_first", "100.00", "PENDING")
+    released = await db.fetchval(
+        "SELECT released_at IS NOT NULL FROM parked_events WHERE event_id = 'evt_first'"
+    )
+    assert released is True
+    audit_row = await db.fetchrow("SELECT actor, source, action, target FROM operator_actions")
+    assert tuple(audit_row) == ("ann", "console", "order.register", "ord_first")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.api.console import pages, replay_pages, resolve_pages, worker_pages
+from services.api.console import order_pages, pages, replay_pages, resolve_pages, worker_pages
 from services.api.console.guard import guard
 from services.api.console.sessions import GATE, PREFIX, Gate
 from shared.tokens import AdminToken
@@ -35,6 +35,7 @@ def console_app(tokens: Collection[AdminToken]) -> web.Application:
     app.router.add_get("/replay", replay_pages.replay_form)
     app.router.add_post("/replay", replay_pages.replay_page)
     app.router.add_post("/payments/{payment_id:[^/]+}/resolve", resolve_pages.resolve_page)
+    app.router.add_post("/payments/{payment_id:[^/]+}/order", order_pages.register_page)
     app.router.add_get("/missing", resolve_pages.missing_page)
     worker_pages.add_routes(app)
     app.router.add_static("/static", Path(__file__).parent / "static")
