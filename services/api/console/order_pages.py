@@ -8,18 +8,15 @@ from urllib.parse import quote
 from aiohttp import web
 
 from services.api.console.guard import error
-from services.api.console.render import render
+from services.api.console.pages import payment_page
 from services.api.console.sessions import PREFIX, SIGNED_IN, see_other
-from services.api.dlq_access import DLQ_ACCESS
 from shared.db import DB_POOL
 from shared.ops.operator_actions import (
     Edge,
     Operator,
-    dead_letters_or_reason,
     register_order_recorded,
 )
 from shared.ops.order_input import OrderValidationError, parse_new_order, text_problem
-from shared.ops.payment_view import payment_view
 from shared.queries.orders import OrderConflictError
 
 FIELDS = ("order_id", "user_id", "email", "amount", "currency")
@@ -45,20 +42,6 @@ async def register_page(request: web.Request) -> web.Response:
         status, problem = 409, str(e)
     if not problem:
         return see_other(f"{PREFIX}/payments/{quote(payment_id, safe='')}#order")
-    access = request.config_dict[DLQ_ACCESS]
-    letters, unread = await dead_letters_or_reason(access.channel, access.topology, payment_id)
-    view = await payment_view(request.config_dict[DB_POOL], payment_id, letters)
-    if view is None:
-        view_status = 404 if status == 200 else status
-        return error(request, view_status, problem)
-    return render(
-        request,
-        "payment.html",
-        status=status,
-        payment_id=payment_id,
-        view=view,
-        missing=unread,
-        work_queues={work.name: name for name, work in access.topology.work.items()},
-        register_problem=problem,
-        register_form=typed,
+    return await payment_page(
+        request, payment_id, status, register_problem=problem, register_form=typed
     )

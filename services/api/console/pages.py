@@ -173,6 +173,13 @@ async def payment(request: web.Request) -> web.Response:
     payment_id = request.match_info["payment_id"]
     if text_problem(payment_id) is not None:
         return error(request, 404, "No payment has such an id.")
+    return await payment_page(request, payment_id)
+
+
+async def payment_page(
+    request: web.Request, payment_id: str, status: int = 200, **form: object
+) -> web.Response:
+    """The payment's page; `form`: a refused form's problem and what was typed in it."""
     access = request.config_dict[DLQ_ACCESS]
     letters, missing = await dead_letters_or_reason(access.channel, access.topology, payment_id)
     view = await payment_view(request.config_dict[DB_POOL], payment_id, letters)
@@ -182,10 +189,12 @@ async def payment(request: web.Request) -> web.Response:
     return render(
         request,
         "payment.html",
+        status=status,
         payment_id=payment_id,
         view=view,
         missing=missing,
         work_queues=work_queues,
+        **form,
     )
 
 

@@ -8,6 +8,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from services.api.console.guard import error
+from services.api.console.pages import payment_page
 from services.api.console.render import render
 from services.api.console.sessions import PREFIX, SIGNED_IN, see_other
 from services.api.dlq_access import DLQ_ACCESS
@@ -16,12 +17,10 @@ from shared.ops import missing
 from shared.ops.operator_actions import (
     Edge,
     Operator,
-    dead_letters_or_reason,
     resolve_order_recorded,
 )
 from shared.ops.order_input import text_problem
 from shared.ops.order_resolution import InFlightError, PaymentNotFoundError, orders_dead_letters
-from shared.ops.payment_view import payment_view
 from shared.resolution import ResolveInputError, ResolveRefusedError, parse_request
 
 
@@ -53,18 +52,10 @@ async def resolve_page(request: web.Request) -> web.Response:
         status, problem = 409, str(e)
     if not problem:
         return see_other(f"{PREFIX}/payments/{quote(payment_id, safe='')}#transitions")
-    letters, unread = await dead_letters_or_reason(access.channel, access.topology, payment_id)
-    view = await payment_view(request.config_dict[DB_POOL], payment_id, letters)
-    if view is None:
-        return error(request, 404, f"payhooks has never heard of payment {payment_id}.")
-    return render(
+    return await payment_page(
         request,
-        "payment.html",
-        status=status,
-        payment_id=payment_id,
-        view=view,
-        missing=unread,
-        work_queues={work.name: name for name, work in access.topology.work.items()},
+        payment_id,
+        status,
         resolve_problem=problem,
         resolve_form={"to": to, "reason": reason, "force": force},
     )
