@@ -12,6 +12,7 @@ from aiohttp.typedefs import Middleware
 from services.api import (
     audit_routes,
     dlq_routes,
+    erasure_routes,
     errors,
     event_routes,
     monitor,
@@ -125,6 +126,7 @@ def create_app(
     app.router.add_post("/api/workers/{worker}/resume", worker_routes.resume_worker)
     app.router.add_post("/api/workers/{worker}/throttle", worker_routes.throttle_worker)
     app.router.add_delete("/api/workers/{worker}/throttle", worker_routes.unthrottle_worker)
+    app.router.add_post("/api/erasures", erasure_routes.erase_person)
     app.router.add_get(openapi.PATH, openapi_document)
     app.router.add_get(CONSOLE, to_console)
     app.add_subapp(CONSOLE, console_app(settings.admin_tokens))

@@ -20,6 +20,7 @@ from dotenv import load_dotenv
 from services.cli import (
     audit,
     commands,
+    erase,
     events,
     migrations,
     replay,
@@ -164,6 +165,12 @@ def _parser() -> argparse.ArgumentParser:
 
     workers.add_arguments(
         subcommands.add_parser("worker", help="pause, resume or rate-limit a worker's replicas")
+    )
+
+    erase.add_arguments(
+        subcommands.add_parser(
+            "erase", help="erase a person's email address everywhere, keep the money (audited)"
+        )
     )
 
     sim = subcommands.add_parser("sim", help="X-Hub simulator: fake payments API + signed webhooks")

@@ -19,6 +19,7 @@ from shared.db import TRANSIENT_DB_ERRORS, Executor
 from shared.errors import Dependency, UnknownPaymentError
 from shared.messages import OrderTransition
 from shared.metrics import EmailMetrics
+from shared.ops.erasure import MARKER
 from shared.outages import outage_of
 from shared.queries import emails as emails_sql
 from shared.queries import orders as orders_sql
@@ -35,6 +36,8 @@ _RECORD_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 _RECORD_ATTEMPT_S = 5.0
 # A success email the refund email overtook: recorded, not sent; answered `ok`.
 _SKIPPED_AFTER_REFUND = "skipped_after_refund"
+# An email of an order whose customer was erased: recorded, not sent; answered `ok`.
+_SKIPPED_ERASED = "skipped_erased"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +114,19 @@ class _Batch:
     async def write(self, conn: Executor, steps: list[Step]) -> dict[int, Result]:
         """Claim and send the committed steps' emails."""
         claims = [step.value for step in steps if isinstance(step.value, _Claim)]
-        answers = await emails_sql.claim_emails(conn, [c.claim for c in claims])
         changed: dict[int, Result] = {}
+        # An order whose customer was erased (read under the payments' email locks, which an
+        # erasure takes too, so one that committed before is seen): its emails are recorded
+        # as skipped, never sent (the order read before the transaction may still show the
+        # address).
+        erased = await emails_sql.erased_payments(conn, [c.claim.payment_id for c in claims])
+        if erased:
+            gone = [c for c in claims if c.claim.payment_id in erased]
+            claims = [c for c in claims if c.claim.payment_id not in erased]
+            recorded = await emails_sql.skip_erased(conn, [c.claim for c in gone], MARKER)
+            for c, new in zip(gone, recorded, strict=True):
+                changed[c.index] = _SKIPPED_ERASED if new else "skipped_duplicate"
+        answers = await emails_sql.claim_emails(conn, [c.claim for c in claims])
         emails: list[_Email] = []
         for c, answer in zip(claims, answers, strict=True):
             if answer is None:
@@ -165,6 +179,11 @@ class _Batch:
                 metrics.emails_skipped.labels(template=SUCCEEDED_EMAIL).inc()
                 log.info("email.skipped_after_refund", payment_id=_payment_id(deliveries[i]))
                 results[i] = "ok"
+            elif result == _SKIPPED_ERASED:
+                template = TEMPLATE_FOR_EVENT.get(_event(deliveries[i]), "unknown")
+                metrics.emails_skipped.labels(template=template).inc()
+                log.info("email.skipped_erased", payment_id=_payment_id(deliveries[i]))
+                results[i] = "ok"
         for email in self.delivered:
             if results[email.index] == "ok":
                 metrics.emails_sent.labels(template=email.claim.template).inc()
@@ -207,6 +226,10 @@ def _render(
         sender=email_from,
         templates=templates,
     )
+
+
+def _event(delivery: Delivery) -> str:
+    return OrderTransition.decode(delivery.body).event
 
 
 def _payment_id(delivery: Delivery) -> str:

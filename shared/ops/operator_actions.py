@@ -16,7 +16,7 @@ from shared import resolution
 from shared.amqp.topology import Topology
 from shared.db import Executor
 from shared.errors import UnavailableError
-from shared.ops import dlq, dlq_lock, order_resolution, worker_input
+from shared.ops import dlq, dlq_lock, erasure, order_resolution, worker_input
 from shared.ops.connections import UnreachableError
 from shared.ops.dlq_moves import Progress, Selection, purge, requeue
 from shared.ops.order_input import order_json
@@ -353,3 +353,37 @@ async def _transaction(db: Executor) -> AsyncIterator[Executor]:
     else:
         async with db.transaction():
             yield db
+
+
+async def erase_recorded(db: Executor, selector: erasure.Selector, by: Operator) -> erasure.Erased:
+    """Erase a person's data (shared/ops/erasure.py) and record it, in one transaction: an
+    erasure never stands unrecorded. Every request is recorded, one that found nothing left to
+    change too (count 0: the evidence that it was asked and done). The audit row never holds
+    the address: its target is `email`, `user:<id>` or `order:<id>`, its ids the orders
+    erased now, its count the rows changed and its filter those counts per table.
+    erasure.PersonNotFoundError (nothing recorded) for an unknown user or order id."""
+
+    async def run(conn: asyncpg.Connection[Any] | Any) -> erasure.Erased:
+        async with conn.transaction():
+            erased = await erasure.erase(conn, selector)
+            detail = {
+                "by": selector.by.value,
+                "rows": erased.rows,
+                "already_erased": erased.already_erased,
+            }
+            action = audit.Action(
+                by.name,
+                by.edge.value,
+                audit.PERSON_ERASE,
+                selector.target(),
+                erased.orders,
+                erased.changed,
+                detail,
+            )
+            await audit.record_in_transaction(conn, action)
+            return erased
+
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            return await run(conn)
+    return await run(db)

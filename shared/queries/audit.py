@@ -20,6 +20,7 @@ PURGE = "dlq.purge"
 ORDER_REGISTER = "order.register"
 REPLAY = "event.replay"
 ORDER_RESOLVE = "order.resolve"
+PERSON_ERASE = "person.erase"
 WORKER_PAUSE = "worker.pause"
 WORKER_RESUME = "worker.resume"
 WORKER_THROTTLE = "worker.throttle"
@@ -34,6 +35,7 @@ ACTIONS = (
     WORKER_RESUME,
     WORKER_THROTTLE,
     WORKER_UNTHROTTLE,
+    PERSON_ERASE,
 )
 SOURCES = ("api", "cli", "console")  # the operator_actions.source constraint (migration 013)
 MAX_LIMIT = 1000

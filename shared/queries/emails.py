@@ -22,6 +22,11 @@ async def lock_payment_emails(conn: Executor, payment_ids: Sequence[str]) -> Non
     )
 
 
+# emails_sent.skip_reason (migration 020): why a recorded email was not sent.
+SKIPPED_AFTER_REFUND = "after_refund"  # the refund email overtook the success email
+SKIPPED_ERASED = "erased"  # the customer's data was erased (shared/ops/erasure.py)
+
+
 class EmailClaim(NamedTuple):
     """One email to claim: its record, and the template whose record skips it instead (the
     refund email's, for the success email) or None."""
@@ -57,9 +62,10 @@ async def claim_emails(conn: Executor, claims: Sequence[EmailClaim]) -> list[boo
         return answers
     records = await conn.fetch(
         "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id,"
-        " skipped, sent_at)"
+        " skipped, sent_at, skip_reason)"
         " SELECT c.p, c.t, c.m, c.r, c.e, c.skipped, CASE WHEN c.skipped THEN NULL"
-        " ELSE clock_timestamp() + c.n * interval '1 microsecond' END"
+        " ELSE clock_timestamp() + c.n * interval '1 microsecond' END,"
+        f" CASE WHEN c.skipped THEN '{SKIPPED_AFTER_REFUND}' END"
         " FROM (SELECT u.*, u.b OR (u.s IS NOT NULL AND EXISTS (SELECT 1 FROM emails_sent x"
         "   WHERE x.payment_id = u.p AND x.template = u.s)) AS skipped"
         "   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],"
@@ -79,6 +85,40 @@ async def claim_email(conn: Executor, claim: EmailClaim) -> bool | None:
     """claim_emails of one."""
     [answer] = await claim_emails(conn, [claim])
     return answer
+
+
+async def erased_payments(conn: Executor, payment_ids: Sequence[str]) -> set[str]:
+    """Those of the payments whose order's customer data was erased: run under the payments'
+    email locks (an erasure takes them too), so an erasure that committed first is seen."""
+    rows = await conn.fetch(
+        "SELECT payment_id FROM orders WHERE payment_id = ANY($1::text[])"
+        " AND erased_at IS NOT NULL",
+        list(payment_ids),
+    )
+    return {r["payment_id"] for r in rows}
+
+
+async def skip_erased(conn: Executor, claims: Sequence[EmailClaim], marker: str) -> list[bool]:
+    """Record each claim's email as skipped because its customer was erased (recipient: the
+    marker, never an address); True where this call recorded it, False where a record of
+    that (payment, template) was there already."""
+    if not claims:
+        return []
+    rows = await conn.fetch(
+        "INSERT INTO emails_sent (payment_id, template, message_id, recipient, event_id,"
+        " skipped, sent_at, skip_reason)"
+        " SELECT u.p, u.t, u.m, $4, u.e, true, NULL, $5"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $6::text[]) AS u(p, t, m, e)"
+        " ON CONFLICT DO NOTHING RETURNING payment_id, template",
+        [c.payment_id for c in claims],
+        [c.template for c in claims],
+        [c.message_id for c in claims],
+        marker,
+        SKIPPED_ERASED,
+        [c.event_id for c in claims],
+    )
+    done = {(r["payment_id"], r["template"]) for r in rows}
+    return [(c.payment_id, c.template) in done for c in claims]
 
 
 async def forget_emails(conn: Executor, keys: Sequence[tuple[str, ...]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.api.openapi.build import PATH as PATH
+from services.api.openapi.erasure_paths import ERASURE_PATHS, ERASURE_SCHEMAS
 from services.api.openapi.paths import PATHS
 from services.api.openapi.resolve_paths import RESOLVE_PATHS, RESOLVE_SCHEMAS
 from services.api.openapi.schemas import SCHEMAS
@@ -25,9 +26,9 @@ DOCUMENT: dict[str, Any] = {
         ),
     },
     "security": [{"adminToken": []}],
-    "paths": PATHS | RESOLVE_PATHS | WORKER_PATHS,
+    "paths": PATHS | RESOLVE_PATHS | WORKER_PATHS | ERASURE_PATHS,
     "components": {
-        "schemas": SCHEMAS | RESOLVE_SCHEMAS | WORKER_SCHEMAS,
+        "schemas": SCHEMAS | RESOLVE_SCHEMAS | WORKER_SCHEMAS | ERASURE_SCHEMAS,
         "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
     },
 }

@@ -1,0 +1,58 @@
+"""`payhooks erase`: erase a person's data (shared/ops/erasure.py) straight in PostgreSQL,
+through the same audited function as the api."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from shared.config import Settings
+from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_USAGE
+from shared.ops import erasure
+from shared.ops.connections import database
+from shared.ops.operator_actions import Edge, Operator, erase_recorded
+from shared.queries import audit
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--email", metavar="ADDRESS", help="the person's email address")
+    who.add_argument("--user", metavar="USER_ID", help="the shop's user id: its orders' addresses")
+    who.add_argument("--order", metavar="ORDER_ID", help="an order id: its address")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(handler=command)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"payhooks: {message}", file=sys.stderr)
+    return code
+
+
+async def command(settings: Settings, args: argparse.Namespace) -> int:
+    """0: erased, or nothing left to erase of a known person (already erased); 1: an unknown
+    user or order id, or an address held nowhere; 2: bad input."""
+    try:
+        selector = erasure.parse_selector(args.email, args.user, args.order)
+    except erasure.ErasureInputError as e:
+        return _fail(str(e), EXIT_USAGE)
+    by = Operator(audit.cli_actor(), Edge.CLI)
+    async with database(settings) as conn:
+        try:
+            erased = await erase_recorded(conn, selector, by)
+        except erasure.PersonNotFoundError as e:
+            return _fail(str(e), EXIT_NOTHING)
+    answer = erased.as_json()
+    if args.json:
+        print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
+    elif erased.changed:
+        rows = ", ".join(f"{table} {n}" for table, n in erased.rows.items() if n)
+        print(
+            f"erased: {len(erased.orders)} order(s) {', '.join(erased.orders) or '-'};"
+            f" rows changed: {rows}; the address is now {erasure.MARKER} (recorded)"
+        )
+    else:
+        print("nothing to erase: no row holds this person's address (recorded)")
+    found = erased.changed or erased.already_erased
+    return EXIT_OK if found else EXIT_NOTHING
