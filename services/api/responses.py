@@ -34,6 +34,7 @@ PROBLEMS: dict[str, str] = {
     "resolve_forbidden": "The order machine forbids this move without force",
     "resolve_no_change": "The order is in that status already",
     "worker_state": "The worker is in that state already",
+    "invalid_erasure": "The erasure request is not valid",
     # Any other HTTP error aiohttp raises: nothing beyond its status, so type about:blank.
     "http_error": "",
 }
