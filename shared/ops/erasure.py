@@ -22,10 +22,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from shared.db import Executor
 from shared.queries import emails as emails_sql
+from shared.queries import erasure as erasure_sql
 from shared.queries import parked as parked_sql
 
 MARKER = "erased@invalid"  # RFC 2606: the `.invalid` top-level domain never delivers
@@ -117,34 +118,19 @@ async def erase(conn: Executor, selector: Selector) -> Erased:
     also holds the audit row). PersonNotFoundError for an unknown user or order id."""
     erased = Erased(selector)
     addresses, payment_ids = await _addresses(conn, selector, erased)
-    if addresses:
-        payment_ids = sorted(set(payment_ids) | set(await _payments_with(conn, addresses)))
     if not addresses:
         return erased
+    payment_ids = sorted(set(payment_ids) | set(await erasure_sql.payments_with(conn, addresses)))
     # The orders worker's lock (so no payment of the person is mid-transition) and the email
     # worker's (so no email of theirs is being claimed with the address): each as a statement
-    # of its own, before the reads they protect, keys in order (no deadlock).
+    # of its own, before the writes they protect, keys in order (no deadlock).
     await parked_sql.lock_payments(conn, payment_ids)
     await emails_sql.lock_payment_emails(conn, payment_ids)
-    rows = await conn.fetch(
-        "UPDATE orders SET email = $3, erased_at = now()"
-        " WHERE payment_id = ANY($1::text[]) AND lower(email) = ANY($2::text[])"
-        " RETURNING order_id",
-        payment_ids,
-        addresses,
-        MARKER,
-    )
-    erased.orders = sorted(r["order_id"] for r in rows)
-    erased.rows["orders"] = len(rows)
-    erased.rows["emails_sent"] = _count(
-        await conn.execute(
-            "UPDATE emails_sent SET recipient = $2 WHERE lower(recipient) = ANY($1::text[])",
-            addresses,
-            MARKER,
-        )
-    )
-    for table, with_headers in (("inbox", True), ("parked_events", True), ("outbox", False)):
-        erased.rows[table] = await _rewrite(conn, table, addresses, with_headers=with_headers)
+    erased.orders = await erasure_sql.erase_orders(conn, payment_ids, addresses, MARKER)
+    erased.rows["orders"] = len(erased.orders)
+    erased.rows["emails_sent"] = await erasure_sql.erase_recipients(conn, addresses, MARKER)
+    for table, has_headers in erasure_sql.RAW_TABLES:
+        erased.rows[table] = await _rewrite(conn, table, has_headers, addresses)
     return erased
 
 
@@ -154,11 +140,8 @@ async def _addresses(
     """The addresses to erase (lower case) and the payments of the selected orders."""
     if selector.by is By.EMAIL:
         return [selector.value], []
-    column = "user_id" if selector.by is By.USER else "order_id"
-    rows = await conn.fetch(
-        f"SELECT order_id, payment_id, email, erased_at FROM orders WHERE {column} = $1",
-        selector.value,
-    )
+    column: Literal["user_id", "order_id"] = "user_id" if selector.by is By.USER else "order_id"
+    rows = await erasure_sql.orders_of(conn, column, selector.value)
     if not rows:
         raise PersonNotFoundError(f"no order with {selector.by.value} id {selector.value}")
     erased.already_erased = sorted(r["order_id"] for r in rows if r["erased_at"] is not None)
@@ -166,51 +149,20 @@ async def _addresses(
     return sorted({r["email"].strip().lower() for r in live}), [r["payment_id"] for r in live]
 
 
-async def _payments_with(conn: Executor, addresses: Sequence[str]) -> list[str]:
-    rows = await conn.fetch(
-        "SELECT payment_id FROM orders WHERE lower(email) = ANY($1::text[])", list(addresses)
-    )
-    return [r["payment_id"] for r in rows]
-
-
-async def _rewrite(
-    conn: Executor, table: str, addresses: Sequence[str], *, with_headers: bool
-) -> int:
+async def _rewrite(conn: Executor, table: str, has_headers: bool, addresses: list[str]) -> int:
     """Replace the addresses inside the raw bodies (bytes; ASCII letters compared without
-    case) and header values of the table's rows that hold them; the rows changed. A full
-    scan of the table: erasures are rare, and an address may sit in a row of any payment."""
-    found = "strpos(lower(encode(body, 'escape')), n.needle) > 0"
-    if with_headers:
-        found += " OR strpos(lower(headers::text), n.a) > 0"
-    headers = "headers" if with_headers else "NULL::jsonb AS headers"
-    rows = await conn.fetch(
-        f"SELECT id, body, {headers} FROM {table} t WHERE EXISTS (SELECT 1 FROM"
-        " (SELECT a, lower(encode(convert_to(a, 'UTF8'), 'escape')) AS needle"
-        f" FROM unnest($1::text[]) AS a) n WHERE {found}) FOR UPDATE",
-        list(addresses),
-    )
+    case) and header values of the table's rows that hold them; the rows changed."""
     patterns = [re.compile(re.escape(a), re.IGNORECASE) for a in addresses]
+    raw = [re.compile(re.escape(a.encode()), re.IGNORECASE) for a in addresses]
     changed = 0
-    for row in rows:
+    for row in await erasure_sql.rows_holding(conn, table, has_headers, addresses):
         body: bytes = row["body"]
-        for a in addresses:
-            body = re.sub(re.escape(a.encode()), MARKER.encode(), body, flags=re.IGNORECASE)
-        new_headers = _scrub(row["headers"], patterns)
-        if body == row["body"] and new_headers == row["headers"]:
+        for pattern in raw:
+            body = pattern.sub(MARKER.encode(), body)
+        headers = _scrub(row["headers"], patterns) if has_headers else None
+        if body == row["body"] and headers == row["headers"]:
             continue
-        if with_headers:
-            await conn.execute(
-                f"UPDATE {table} SET body = $2, headers = $3 WHERE id = $1",
-                row["id"],
-                body,
-                new_headers,
-            )
-        else:
-            await conn.execute(
-                f"UPDATE {table} SET body = $2 WHERE id = $1",
-                row["id"],
-                body,
-            )
+        await erasure_sql.rewrite_row(conn, table, row["id"], body, headers)
         changed += 1
     return changed
 
@@ -226,8 +178,3 @@ def _scrub(value: Any, patterns: Sequence[re.Pattern[str]]) -> Any:
     if isinstance(value, list):
         return [_scrub(v, patterns) for v in value]
     return value
-
-
-def _count(status: str) -> int:
-    """The rows an UPDATE's status line ('UPDATE 3') counts."""
-    return int(status.rsplit(" ", 1)[-1])
