@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 from aio_pika.abc import AbstractChannel
+from asyncpg.pool import PoolConnectionProxy
 
 from shared import resolution
 from shared.amqp.topology import Topology
@@ -363,7 +364,7 @@ async def erase_recorded(db: Executor, selector: erasure.Selector, by: Operator)
     erased now, its count the rows changed and its filter those counts per table.
     erasure.PersonNotFoundError (nothing recorded) for an unknown user or order id."""
 
-    async def run(conn: asyncpg.Connection[Any] | Any) -> erasure.Erased:
+    async def run(conn: asyncpg.Connection[Any] | PoolConnectionProxy[Any]) -> erasure.Erased:
         async with conn.transaction():
             erased = await erasure.erase(conn, selector)
             detail = {

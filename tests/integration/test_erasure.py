@@ -9,18 +9,23 @@ Real PostgreSQL, RabbitMQ and an aiosmtpd server; the services run as their own 
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import os
 from decimal import Decimal
 from typing import Any
 
+import asyncpg
 import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
 from shared.amqp.topology import Topology
 from shared.config import Settings
-from shared.ops.erasure import MARKER
+from shared.db import init_connection
+from shared.ops.erasure import MARKER, parse_selector
+from shared.ops.operator_actions import Edge, Operator, erase_recorded
+from shared.queries import emails as emails_sql
 from shared.queries import orders as orders_sql
 from tests.conftest import SmtpSink
 from tests.helpers import eventually, payment_event
@@ -414,3 +419,36 @@ async def test_an_orders_token_may_not_erase(api: TestClient, db: Any) -> None:
     assert (
         await db.fetchval("SELECT erased_at FROM orders WHERE payment_id = $1", payment_id) is None
     )
+
+
+async def test_an_erasure_waits_for_an_email_being_claimed_then_erases_its_record(
+    db: Any, migrated_database: str
+) -> None:
+    """The email worker claims a payment's email under the payment's email lock with the
+    address it read: an erasure waits for that lock, so the record it commits is rewritten,
+    never left behind with the address."""
+    payment_id = new_id("pay")
+    address = f"{payment_id}@customer.test"
+    await order(db, payment_id, address, f"user_{payment_id}")
+    worker = await asyncpg.connect(migrated_database)
+    try:
+        await init_connection(worker)
+        claiming = worker.transaction()
+        await claiming.start()
+        await emails_sql.lock_payment_emails(worker, [payment_id])
+        erasing = asyncio.create_task(
+            erase_recorded(db, parse_selector(address, None, None), Operator("test", Edge.CLI))
+        )
+        await asyncio.sleep(0.5)
+        assert not erasing.done()  # waiting on the email worker's lock
+        claim = emails_sql.EmailClaim(
+            payment_id, "payment_succeeded", f"<m.{payment_id}>", address, "evt_1", None
+        )
+        assert await emails_sql.claim_email(worker, claim) is True
+        await claiming.commit()
+        erased = await asyncio.wait_for(erasing, 10)
+    finally:
+        await worker.close()
+
+    assert (erased.rows["orders"], erased.rows["emails_sent"]) == (1, 1)
+    assert await holders(db, address) == []
