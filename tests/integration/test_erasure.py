@@ -40,6 +40,7 @@ from tests.integration.system import (
     system_settings,
 )
 from tests.integration.test_cli_operators import cli_env, run_payhooks
+from tests.integration.test_console import csrf_of, sign_in
 from tests.integration.test_dlq import new_id
 
 ANN = {"Authorization": "Bearer ann-token"}
@@ -452,3 +453,31 @@ async def test_an_erasure_waits_for_an_email_being_claimed_then_erases_its_recor
 
     assert (erased.rows["orders"], erased.rows["emails_sent"]) == (1, 1)
     assert await holders(db, address) == []
+
+
+async def test_the_console_erases_through_the_payment_page_form(api: TestClient, db: Any) -> None:
+    payment_id = new_id("pay")
+    address = f"{payment_id}@customer.test"
+    await order(db, payment_id, address, f"user_{payment_id}")
+    await sign_in(api, "ann-token")
+    page = f"/console/payments/{payment_id}"
+    assert 'id="erase-submit"' in await (await api.get(page)).text()
+
+    unconfirmed = await api.post(f"{page}/erase", data={"csrf": await csrf_of(api, page)})
+    assert unconfirmed.status == 400
+    assert await erasures(db) == []
+    erased = await api.post(
+        f"{page}/erase",
+        data={"csrf": await csrf_of(api, page), "confirm": "yes"},
+        allow_redirects=False,
+    )
+
+    assert erased.status == 303, await erased.text()
+    assert erased.headers["Location"].endswith(f"{page}#order")
+    shown = await (await api.get(page)).text()
+    assert 'id="erased"' in shown
+    assert address not in shown
+    assert await holders(db, address) == []
+    assert [(r["source"], r["target"], r["ids"]) for r in await erasures(db)] == [
+        ("console", f"order:ord_{payment_id}", [f"ord_{payment_id}"])
+    ]

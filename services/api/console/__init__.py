@@ -8,7 +8,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.api.console import order_pages, pages, replay_pages, resolve_pages, worker_pages
+from services.api.console import (
+    erase_pages,
+    order_pages,
+    pages,
+    replay_pages,
+    resolve_pages,
+    worker_pages,
+)
 from services.api.console.guard import guard
 from services.api.console.sessions import GATE, PREFIX, Gate
 from shared.tokens import AdminToken
@@ -38,5 +45,6 @@ def console_app(tokens: Collection[AdminToken]) -> web.Application:
     app.router.add_post("/payments/{payment_id:[^/]+}/order", order_pages.register_page)
     app.router.add_get("/missing", resolve_pages.missing_page)
     worker_pages.add_routes(app)
+    app.router.add_post("/payments/{payment_id:[^/]+}/erase", erase_pages.erase_page)
     app.router.add_static("/static", Path(__file__).parent / "static")
     return app
