@@ -134,7 +134,7 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
             "transitions",
         ),
         ("bonus", ["created_at", "kind", "points", "transition_id", "user_id"], "bonus"),
-        ("emails", ["sent_at", "template", "skipped", "message_id"], "emails"),
+        ("emails", ["sent_at", "template", "skipped", "skip_reason", "message_id"], "emails"),
         ("parked", ["parked_at", "event_id", "event", "state", "released_at"], "parked"),
         ("dead letters", ["id", "reason", "error", "attempts", "last_failed_at"], "dead_letters"),
     ]

@@ -98,6 +98,7 @@ async def payment_view(
                 "recipient": r["recipient"],
                 "sent_at": _iso(r["sent_at"]),
                 "skipped": r["skipped"],
+                "skip_reason": r["skip_reason"],  # after_refund, erased (migration 020)
             }
             for r in await emails_sql.emails_for_payment(conn, payment_id)
         ],

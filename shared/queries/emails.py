@@ -134,7 +134,7 @@ async def forget_emails(conn: Executor, keys: Sequence[tuple[str, ...]]) -> None
 
 async def emails_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT template, message_id, recipient, sent_at, skipped FROM emails_sent"
+        "SELECT template, message_id, recipient, sent_at, skipped, skip_reason FROM emails_sent"
         " WHERE payment_id = $1 ORDER BY sent_at NULLS LAST",
         payment_id,
     )

@@ -349,6 +349,11 @@ async def test_an_email_due_after_the_erasure_is_recorded_skipped_and_never_sent
     assert smtp_messages(sink, payment_id) == []
     assert not any(address in str(m["To"]) for m in sink.messages)
     assert await holders(db, address) == []
+    view = await api.get(f"/api/payments/{payment_id}", headers=ANN)
+    shown = await documented(view, "GET", "/api/payments/{payment_id}")
+    assert [(m["skipped"], m["skip_reason"], m["recipient"]) for m in shown["emails"]] == [
+        (True, "erased", MARKER)
+    ]
     dead = await api.get("/api/dlq/emails", headers=ANN)
     assert (await dead.json())["messages"] == []
 

@@ -167,6 +167,11 @@ SCHEMAS: dict[str, Schema] = {
                         "recipient": STR,
                         "sent_at": nullable(TIME),
                         "skipped": {"type": "boolean"},
+                        "skip_reason": {
+                            "type": ["string", "null"],
+                            "enum": ["after_refund", "erased", None],
+                            "description": "why a skipped email was not sent; null if sent",
+                        },
                     }
                 )
             ),
