@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 import structlog
+from asyncpg.pool import PoolConnectionProxy
 
 from services.email.sender import Sender
 from services.email.template_files import EmailTemplate
@@ -267,13 +268,25 @@ async def _record_after_send(pool: asyncpg.Pool[Any], claim: emails_sql.EmailCla
     while True:
         try:
             async with asyncio.timeout(_RECORD_ATTEMPT_S), pool.acquire() as conn:
-                await emails_sql.claim_email(conn, claim._replace(skip_if_recorded=None))
+                await _record_once(conn, claim)
             return
         except Exception as e:
             if not _database_down(e) or loop.time() >= deadline:
                 raise
         await asyncio.sleep(_RECORD_BACKOFF_S[min(attempt, len(_RECORD_BACKOFF_S) - 1)])
         attempt += 1
+
+
+async def _record_once(
+    conn: asyncpg.Connection[Any] | PoolConnectionProxy[Any], claim: emails_sql.EmailClaim
+) -> None:
+    """The record, under the payment's email lock: an erasure that committed meanwhile makes
+    its marker the recipient, never the address again."""
+    async with conn.transaction():
+        await emails_sql.lock_payment_emails(conn, [claim.payment_id])
+        if await emails_sql.erased_payments(conn, [claim.payment_id]):
+            claim = claim._replace(recipient=MARKER)
+        await emails_sql.claim_email(conn, claim._replace(skip_if_recorded=None))
 
 
 def _database_down(error: BaseException) -> bool:
