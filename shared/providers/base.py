@@ -20,6 +20,9 @@ class Headline:
 
     event_type: str
     payment_id: Any
+    # The event id, for a provider whose id is in the body rather than a header (Stripe's
+    # `id`, `evt_...`); None for one whose `id_header` carries it.
+    event_id: Any = None
 
 
 # (secrets, event id, timestamp, raw body, signature header) -> position of the first secret
@@ -38,8 +41,11 @@ class Provider:
     # Its text as the keys to sign with; ValueError (saying the expected shape, never echoing
     # the value) if malformed.
     parse_secrets: Callable[[str], tuple[bytes, ...]]
-    id_header: str
-    timestamp_header: str  # Unix seconds of the delivery attempt
+    # The event id's header; None: the id is in the body (`Headline.event_id`, Stripe's).
+    id_header: str | None
+    # The timestamp's header (Unix seconds of the delivery attempt); None: the signature
+    # header carries it (`timestamp_in_signature`, Stripe's `t=`).
+    timestamp_header: str | None
     signature_header: str
     matching_secret: MatchingSecret
     # The parsed JSON object's event type and payment id; MalformedWebhookError if the body
@@ -56,6 +62,9 @@ class Provider:
     # Whether the reconciler can ask this provider's API about a payment (GET /payments/:id);
     # a provider without one is repaired by its own redeliveries only.
     has_payment_api: bool = False
+    # For a provider without a timestamp header: the timestamp as the signature header gives
+    # it ("" when it gives none: the delivery is then refused as unsigned, 401).
+    timestamp_in_signature: Callable[[str], str] | None = None
 
 
 def comma_separated(raw: str) -> tuple[str, ...]:

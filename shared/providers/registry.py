@@ -8,9 +8,10 @@ from typing import Final
 
 from shared.providers.base import Provider
 from shared.providers.standard.adapter import STANDARD
+from shared.providers.stripe.adapter import STRIPE
 from shared.providers.xhub.adapter import XHUB
 
-PROVIDERS: Final[tuple[Provider, ...]] = (XHUB, STANDARD)
+PROVIDERS: Final[tuple[Provider, ...]] = (XHUB, STANDARD, STRIPE)
 BY_NAME: Final[Mapping[str, Provider]] = {p.name: p for p in PROVIDERS}
 # Whose event an id given without a provider names (SPEC's webhooks are X-Hub's).
 DEFAULT: Final[Provider] = XHUB

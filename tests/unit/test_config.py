@@ -435,12 +435,23 @@ def test_each_provider_has_its_secrets_and_only_those_configured_get_a_route() -
 
     key = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     settings = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "new, old"})
-    assert settings.provider_secrets == {"xhub": (b"new", b"old"), "standard": ()}
+    assert settings.provider_secrets == {"xhub": (b"new", b"old"), "standard": (), "stripe": ()}
     assert [p.name for p in configured(settings.provider_secrets)] == ["xhub"]
 
     both = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "s", "STANDARD_WEBHOOK_SECRETS": key})
     assert len(both.provider_secrets["standard"]) == 1
     assert [p.name for p in configured(both.provider_secrets)] == ["xhub", "standard"]
+
+    stripe = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "s", "STRIPE_WEBHOOK_SECRETS": key})
+    assert stripe.provider_secrets["stripe"] == (key.encode(),)  # keyed as given, prefix too
+    assert [p.name for p in configured(stripe.provider_secrets)] == ["xhub", "stripe"]
+
+
+def test_a_malformed_stripe_secret_is_named_never_shown() -> None:
+    error = config_error({"STRIPE_WEBHOOK_SECRETS": f"sk_live_{SECRET_LOOKING}"})
+
+    assert "STRIPE_WEBHOOK_SECRETS must be comma-separated whsec_... endpoint secrets" in error
+    assert SECRET_LOOKING not in error
 
 
 def test_a_malformed_standard_secret_is_named_never_shown() -> None:
