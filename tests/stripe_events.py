@@ -59,3 +59,48 @@ def refund_entry(
 def refunds_list(*entries: dict[str, Any]) -> dict[str, Any]:
     """A charge's `refunds` list object holding `entries` (newest first, as Stripe lists)."""
     return {"object": "list", "data": list(entries), "has_more": False, "total_count": len(entries)}
+
+
+def payment_intent(
+    payment_id: str,
+    status: str,
+    *,
+    amount: int = 10_000,
+    currency: str = "usd",
+    refunded: int | None = None,
+    cancellation_reason: str | None = None,
+    at: int = 1_723_123_450,
+) -> dict[str, Any]:
+    """`GET /v1/payment_intents/{id}?expand[]=latest_charge.refunds` as Stripe answers it: the
+    PaymentIntent of the fixtures, in `status`, its latest charge (with `refunded` minor
+    units refunded in one refund) expanded when it has one."""
+    intent: dict[str, Any] = copy.deepcopy(_fixture("payment_intent.succeeded")["data"]["object"])
+    intent.update(
+        id=payment_id,
+        status=status,
+        amount=amount,
+        currency=currency,
+        created=at,
+        amount_received=amount if status == "succeeded" else 0,
+        latest_charge=None,
+    )
+    if status == "canceled":
+        intent.update(canceled_at=at + 60, cancellation_reason=cancellation_reason)
+    if status == "requires_payment_method":
+        failed = _fixture("payment_intent.payment_failed")["data"]["object"]
+        intent["last_payment_error"] = copy.deepcopy(failed["last_payment_error"])
+    if status == "succeeded":
+        charge = copy.deepcopy(_fixture("charge.refunded")["data"]["object"])
+        refunds = [refund_entry(f"re_{payment_id}", refunded, at + 3600)] if refunded else []
+        charge.update(
+            payment_intent=payment_id,
+            amount=amount,
+            amount_captured=amount,
+            amount_refunded=refunded or 0,
+            refunded=refunded == amount,
+            currency=currency,
+            created=at + 1,
+            refunds=refunds_list(*refunds),
+        )
+        intent["latest_charge"] = charge
+    return intent

@@ -30,6 +30,14 @@ def has_payment_api(provider: str) -> bool:
     return known is None or known.has_payment_api
 
 
+def asks_xhub(provider: str) -> bool:
+    """Whether the reconciler asks X-Hub's API about a payment of `provider`: X-Hub's own, and
+    (as before providers had names) one unknown to the registry; a provider with its own
+    payment API (Stripe) is asked there or, without its key, not at all."""
+    known = BY_NAME.get(provider)
+    return known is None or (known.has_payment_api and known.payment_api is None)
+
+
 def worker_id(provider: str, event_id: str) -> str:
     """The id the workers know a stored webhook by (their idempotency key, the transition's
     event id): X-Hub's event id as it is, any other provider's after its prefix."""

@@ -447,6 +447,16 @@ def test_each_provider_has_its_secrets_and_only_those_configured_get_a_route() -
     assert [p.name for p in configured(stripe.provider_secrets)] == ["xhub", "stripe"]
 
 
+def test_stripes_api_is_configured_by_its_key_alone() -> None:
+    assert Settings.from_env({}).provider_apis == {}
+    settings = Settings.from_env({"STRIPE_API_KEY": "sk_test_x"})
+    assert settings.provider_apis == {"stripe": ("https://api.stripe.com", "sk_test_x")}
+    local = Settings.from_env({"STRIPE_API_KEY": "k", "STRIPE_API_URL": "http://127.0.0.1:1"})
+    assert local.provider_apis["stripe"] == ("http://127.0.0.1:1", "k")
+    assert "sk_test_x" not in repr(settings)
+    assert "provider_apis" not in settings.redacted()
+
+
 def test_a_malformed_stripe_secret_is_named_never_shown() -> None:
     error = config_error({"STRIPE_WEBHOOK_SECRETS": f"sk_live_{SECRET_LOOKING}"})
 
