@@ -54,6 +54,8 @@ class Settings:
     # (base URL, key) of each provider's payment API (its `payment_api`) by provider name, for
     # those whose key variable is set: the reconciler asks only these (X-Hub's are below).
     provider_apis: Mapping[str, tuple[str, str]] = field(repr=False)
+    # Each provider's own settings (its `options`, those set), by provider name.
+    provider_options: Mapping[str, Mapping[str, str]]
     max_body_bytes: int
     xhub_api_url: str | None
     xhub_api_key: str | None = field(repr=False)
@@ -116,6 +118,14 @@ class Settings:
             },
             "timestamp_tolerance_s": reader.parse("XHUB_TIMESTAMP_TOLERANCE", 300, _positive_int),
             "provider_apis": _provider_apis(reader),
+            "provider_options": {
+                provider.name: {
+                    name: value
+                    for name, parser in (provider.options or {}).items()
+                    if (value := reader.parse(name, "", parser))
+                }
+                for provider in PROVIDERS
+            },
             "max_body_bytes": reader.parse("INGEST_MAX_BODY", 262_144, _positive_int),
             "xhub_api_url": reader.optional("XHUB_API_URL"),
             "xhub_api_key": reader.optional("XHUB_API_KEY"),

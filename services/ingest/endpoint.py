@@ -145,7 +145,7 @@ async def _answer(request: web.Request, deadline: float, provider: Provider) -> 
             settings.timestamp_tolerance_s,
             provider,
         )
-        webhook = parse_body(delivery, body, provider)
+        webhook = parse_body(delivery, body, provider, settings.provider_options.get(provider.name))
     except SlowBodyError as e:
         # A 4xx would tell the provider never to send a non-money event again: 503 it is.
         return _unavailable(str(e), close=True)

@@ -135,7 +135,13 @@ def authenticate(
     return signed
 
 
-def parse_body(delivery: WebhookHeaders, body: bytes, provider: Provider) -> Webhook:
+def parse_body(
+    delivery: WebhookHeaders,
+    body: bytes,
+    provider: Provider,
+    options: Mapping[str, str] | None = None,
+) -> Webhook:
+    """The verified body as a webhook; `options`: the provider's own settings (its screen's)."""
     try:
         payload: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -143,6 +149,8 @@ def parse_body(delivery: WebhookHeaders, body: bytes, provider: Provider) -> Web
     if not isinstance(payload, dict):
         raise MalformedWebhookError("body must be a JSON object")
     headline = provider.headline(payload)
+    if provider.screen is not None:
+        headline = provider.screen(payload, headline, options or {})
     event_id = delivery.event_id
     if provider.id_header is None:  # the id is the body's (Stripe's `id`)
         given = headline.event_id

@@ -102,6 +102,13 @@ class Provider:
     # Its API as the reconciler asks it, for a provider other than X-Hub (whose API settings
     # predate the seam: XHUB_API_URL, XHUB_API_KEY).
     payment_api: PaymentApi | None = None
+    # Settings of its own besides secrets (not secret), by variable: each parsed by its
+    # function (ValueError naming the expected values); Settings.provider_options holds them.
+    options: Mapping[str, Callable[[str], str]] | None = None
+    # The headline as this deployment takes the event, given the parsed body and its options
+    # (those set): a provider may keep an event it must not apply under its own type, which no
+    # worker takes (stored, unrouted, visible), as Stripe's test-mode events in a live one.
+    screen: Callable[[Mapping[str, Any], Headline, Mapping[str, str]], Headline] | None = None
     # For a provider without a timestamp header: the timestamp as the signature header gives
     # it ("" when it gives none: the delivery is then refused as unsigned, 401).
     timestamp_in_signature: Callable[[str], str] | None = None

@@ -201,6 +201,43 @@ async def test_a_dispute_is_stored_and_unrouted_with_its_payment(system: System,
     assert (await effects(db, payment_id))["status"] == "PENDING"  # no order change
 
 
+async def test_a_live_deployment_stores_a_test_mode_event_and_applies_nothing(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+) -> None:
+    settings = system_settings(
+        make_settings, smtp[1], STRIPE_WEBHOOK_SECRETS=SECRETS, STRIPE_LIVEMODE="live"
+    )
+    live = await start_system(aiohttp_client, settings, amqp, topology)
+    payment_id = f"pi_{uuid.uuid4().hex[:24]}"
+    test_event, live_event = (f"evt_{m}_{uuid.uuid4().hex[:20]}" for m in ("t", "l"))
+    await register(db, payment_id)
+
+    in_test_mode = succeeded(payment_id, test_event)  # the fixtures are test mode
+    assert await send(live.ingest, in_test_mode) == {"status": "accepted"}
+    await eventually(
+        lambda: db.fetchval(
+            "SELECT count(*) FROM inbox_unpublished u JOIN inbox i ON i.id = u.id"
+            " WHERE i.provider = 'stripe' AND i.event_id = $1",
+            test_event,
+        ),
+        lambda n: n == 0,
+    )
+    stored = await db.fetchval(
+        "SELECT event_type FROM inbox WHERE provider = 'stripe' AND event_id = $1", test_event
+    )
+    assert stored == "payment_intent.succeeded"  # Stripe's type: unrouted
+    assert (await effects(db, payment_id))["status"] == "PENDING"
+
+    in_live_mode = succeeded(payment_id, live_event) | {"livemode": True}
+    assert await send(live.ingest, in_live_mode) == {"status": "accepted"}
+    await eventually(lambda: effects(db, payment_id), lambda e: e["status"] == "PAID")
+
+
 async def test_the_previous_secret_still_verifies_during_a_roll(system: System) -> None:
     payment_id = f"pi_{uuid.uuid4().hex[:24]}"
     body, headers = signed(succeeded(payment_id, f"evt_{payment_id}"), secret=OLD_SECRET)

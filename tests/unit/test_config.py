@@ -457,6 +457,13 @@ def test_stripes_api_is_configured_by_its_key_alone() -> None:
     assert "provider_apis" not in settings.redacted()
 
 
+def test_stripe_livemode_is_live_test_or_any() -> None:
+    assert Settings.from_env({}).provider_options["stripe"] == {}
+    live = Settings.from_env({"STRIPE_LIVEMODE": "Live"})
+    assert live.provider_options["stripe"] == {"STRIPE_LIVEMODE": "live"}
+    assert "STRIPE_LIVEMODE must be live, test or any" in config_error({"STRIPE_LIVEMODE": "yes"})
+
+
 def test_a_malformed_stripe_secret_is_named_never_shown() -> None:
     error = config_error({"STRIPE_WEBHOOK_SECRETS": f"sk_live_{SECRET_LOOKING}"})
 

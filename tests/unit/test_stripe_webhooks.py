@@ -357,3 +357,38 @@ def test_the_workers_know_a_stripe_event_by_its_prefixed_id_and_canonical_body()
 def test_a_body_that_is_somehow_not_an_event_passes_unchanged() -> None:
     for raw in (b"not json", b"[]", b'{"type":"x"}'):
         assert canonical_body(raw) == raw
+
+
+# --- livemode: STRIPE_LIVEMODE -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "livemode", "applied"),
+    [
+        (None, False, True),  # unset: both modes applied
+        (None, True, True),
+        ("any", True, True),
+        ("live", True, True),
+        ("live", False, False),
+        ("test", False, True),
+        ("test", True, False),
+        ("live", None, False),  # no boolean livemode: neither mode
+    ],
+)
+def test_an_event_of_the_mode_not_applied_is_kept_under_stripes_type(
+    mode: str | None, livemode: bool | None, applied: bool
+) -> None:
+    event = stripe_event("payment_intent.succeeded", event_id="evt_m", payment_id="pi_m")
+    event["livemode"] = livemode
+    raw = orjson.dumps(event)
+    options = {} if mode is None else {"STRIPE_LIVEMODE": mode}
+
+    delivery = read_headers({SIGNATURE_HEADER: official_header(raw)}, STRIPE)
+    webhook = parse_body(delivery, raw, STRIPE, options)
+
+    expected = "payment.status_changed" if applied else "payment_intent.succeeded"
+    assert (webhook.event_id, webhook.event_type, webhook.payment_id) == (
+        "evt_m",
+        expected,
+        "pi_m",
+    )

@@ -10,12 +10,13 @@ from shared.providers.stripe import (
     API_KEY_VARIABLE,
     API_URL_DEFAULT,
     API_URL_VARIABLE,
+    LIVEMODE_VARIABLE,
     PROVIDER,
     SECRETS_VARIABLE,
     SIGNATURE_HEADER,
     WEBHOOK_PATH,
 )
-from shared.providers.stripe.events import canonical_body, headline
+from shared.providers.stripe.events import canonical_body, headline, parse_mode, screen
 from shared.providers.stripe.payments import API_VERSION, parse_payment_intent, payment_path
 from shared.providers.stripe.signatures import (
     matching_secret,
@@ -46,4 +47,6 @@ STRIPE = Provider(
         headers={"Stripe-Version": API_VERSION},
     ),
     timestamp_in_signature=timestamp_in_signature,
+    options={LIVEMODE_VARIABLE: parse_mode},
+    screen=screen,
 )

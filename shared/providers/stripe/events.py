@@ -27,6 +27,7 @@ from typing import Any, Final
 import orjson
 
 from shared.providers.base import Headline, MalformedWebhookError
+from shared.providers.stripe import LIVEMODE_VARIABLE
 
 STATUS_CHANGED: Final = "payment.status_changed"
 REFUND_COMPLETED: Final = "refund.completed"
@@ -116,6 +117,27 @@ def headline(payload: Mapping[str, Any]) -> Headline:
         raise MalformedWebhookError('body has no "id"')
     obj = _object(payload)
     return Headline(canonical_type(event_type, obj), _payment_id(event_type, obj), event_id)
+
+
+MODES: Final = ("live", "test", "any")
+
+
+def parse_mode(raw: str) -> str:
+    """STRIPE_LIVEMODE: live, test or any."""
+    mode = raw.strip().lower()
+    if mode not in MODES:
+        raise ValueError("must be live, test or any")
+    return mode
+
+
+def screen(payload: Mapping[str, Any], head: Headline, options: Mapping[str, str]) -> Headline:
+    """An event of the mode this deployment does not apply (STRIPE_LIVEMODE=live and a
+    test-mode event, or the reverse; a `livemode` that is no boolean is neither) is kept
+    under Stripe's own type: stored, unrouted, applied by no worker."""
+    mode = options.get(LIVEMODE_VARIABLE, "any")
+    if mode == "any" or payload.get("livemode") is (mode == "live"):
+        return head
+    return Headline(str(payload.get("type")), head.payment_id, head.event_id)
 
 
 def _created_at(payload: Mapping[str, Any]) -> str | None:
