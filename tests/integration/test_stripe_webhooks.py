@@ -160,6 +160,70 @@ async def test_a_charge_refunded_refunds_and_claws_back_once(
     assert smtp_messages(smtp[0], payment_id) == ["payment_refunded", "payment_succeeded"]
 
 
+async def test_partial_refunds_count_once_each_whichever_event_tells_them(
+    system: System, db: Any, smtp: tuple[SmtpSink, int]
+) -> None:
+    """refund.created (any API version) and charge.refunded (with its refunds list) may both
+    tell one refund: it is counted once, by its re_ id; two partials refund the whole."""
+    payment_id = f"pi_{uuid.uuid4().hex[:24]}"
+    await register(db, payment_id)
+    now = int(time.time())
+    first, second = f"re_a_{payment_id}", f"re_b_{payment_id}"
+
+    await send(system.ingest, succeeded(payment_id, f"evt_p_{payment_id}"))
+    await send(
+        system.ingest,
+        stripe_event(
+            "refund.created",
+            event_id=f"evt_r1_{payment_id}",
+            payment_id=payment_id,
+            created=now,
+            id=first,
+            amount=3_000,
+            status="succeeded",
+        ),
+    )
+    await send(
+        system.ingest,
+        stripe_event(
+            "charge.refunded",
+            event_id=f"evt_c1_{payment_id}",
+            payment_id=payment_id,
+            created=now,
+            amount=10_000,
+            amount_refunded=3_000,
+            refunded=False,
+            refunds=refunds_list(refund_entry(first, 3_000, now)),
+        ),
+    )
+    await quiescent(db, system)
+    assert (await effects(db, payment_id))["status"] == "PAID"
+    refunded = await db.fetchval(
+        "SELECT refunded_amount FROM orders WHERE payment_id = $1", payment_id
+    )
+    assert str(refunded) == "30.00"
+
+    await send(
+        system.ingest,
+        stripe_event(
+            "refund.created",
+            event_id=f"evt_r2_{payment_id}",
+            payment_id=payment_id,
+            created=now + 1,
+            id=second,
+            amount=7_000,
+            status="succeeded",
+        ),
+    )
+    await quiescent(db, system)
+    assert await effects(db, payment_id) == {
+        "status": "REFUNDED",
+        "bonus": 0,
+        "ledger": ["grant", "clawback"],
+        "emails": ["payment_refunded", "payment_succeeded"],
+    }
+
+
 async def test_events_out_of_order_end_in_the_same_story(
     system: System, db: Any, smtp: tuple[SmtpSink, int]
 ) -> None:
@@ -197,7 +261,10 @@ async def test_a_dispute_is_stored_and_unrouted_with_its_payment(system: System,
         "SELECT event_type, payment_id FROM inbox WHERE provider = 'stripe' AND event_id = $1",
         event_id,
     )
-    assert dict(stored) == {"event_type": "charge.dispute.created", "payment_id": payment_id}
+    assert dict(stored) == {
+        "event_type": "stripe.charge.dispute.created",
+        "payment_id": payment_id,
+    }
     assert (await effects(db, payment_id))["status"] == "PENDING"  # no order change
 
 
@@ -230,7 +297,7 @@ async def test_a_live_deployment_stores_a_test_mode_event_and_applies_nothing(
     stored = await db.fetchval(
         "SELECT event_type FROM inbox WHERE provider = 'stripe' AND event_id = $1", test_event
     )
-    assert stored == "payment_intent.succeeded"  # Stripe's type: unrouted
+    assert stored == "stripe.payment_intent.succeeded"  # Stripe's type: unrouted
     assert (await effects(db, payment_id))["status"] == "PENDING"
 
     in_live_mode = succeeded(payment_id, live_event) | {"livemode": True}

@@ -19,6 +19,7 @@ from services.ingest.webhook import (
     parse_body,
     read_headers,
 )
+from shared.amqp.topology import is_routed
 from shared.order_machine import STATUS_TARGETS
 from shared.providers.registry import BY_NAME, message_of
 from shared.providers.stripe import SIGNATURE_HEADER
@@ -312,7 +313,7 @@ def test_charge_refunded_without_its_refunds_list_is_a_whole_refund_when_refunde
     partial = stripe_event("charge.refunded", refunds=None, refunded=False, amount_refunded=500)
     raw = orjson.dumps(partial)
     webhook = receive({SIGNATURE_HEADER: official_header(raw)}, raw)
-    assert webhook.event_type == "charge.refunded"  # no refund id to count: unrouted, kept
+    assert webhook.event_type == "stripe.charge.refunded"  # no refund id: unrouted, kept
 
 
 def test_a_failed_refund_is_refund_failed() -> None:
@@ -326,7 +327,7 @@ def test_a_refund_updated_otherwise_is_stripes_own_unrouted_event() -> None:
     raw = orjson.dumps(stripe_event("charge.refund.updated", status="succeeded"))
 
     assert receive({SIGNATURE_HEADER: official_header(raw)}, raw).event_type == (
-        "charge.refund.updated"
+        "stripe.charge.refund.updated"
     )
 
 
@@ -336,15 +337,48 @@ def test_disputes_keep_stripes_type_with_the_payment_intent(kind: str) -> None:
     raw = orjson.dumps(stripe_event(kind, payment_id="pi_1"))
 
     webhook = receive({SIGNATURE_HEADER: official_header(raw)}, raw)
-    assert (webhook.event_type, webhook.payment_id) == (kind, "pi_1")
-    assert canonical_of(orjson.loads(raw))["event"] == kind
+    assert (webhook.event_type, webhook.payment_id) == (f"stripe.{kind}", "pi_1")
+    assert canonical_of(orjson.loads(raw))["event"] == f"stripe.{kind}"
 
 
 def test_any_other_event_is_stored_under_stripes_type() -> None:
     raw = orjson.dumps(
         {"id": "evt_9", "object": "event", "type": "customer.created", "data": {"object": {}}}
     )
-    assert receive({SIGNATURE_HEADER: official_header(raw)}, raw).event_type == "customer.created"
+    webhook = receive({SIGNATURE_HEADER: official_header(raw)}, raw)
+    assert webhook.event_type == "stripe.customer.created"
+    assert not is_routed(webhook.event_type)
+
+
+@pytest.mark.parametrize("kind", ["refund.created", "refund.updated", "payment.created"])
+def test_stripe_types_that_look_like_payhooks_own_are_never_routed_as_them(kind: str) -> None:
+    # Stripe's refund.updated (pending) must not reach the orders worker as payhooks' refund.*
+    raw = orjson.dumps(
+        {"id": "evt_9", "type": kind, "data": {"object": {"object": "refund", "status": "pending"}}}
+    )
+    webhook = receive({SIGNATURE_HEADER: official_header(raw)}, raw)
+    assert webhook.event_type == f"stripe.{kind}"
+    assert not is_routed(webhook.event_type)
+
+
+@pytest.mark.parametrize("kind", ["refund.created", "refund.updated"])
+def test_a_succeeded_refund_object_is_refund_completed_with_its_own_amount(kind: str) -> None:
+    # Partial refunds on API versions whose charge.refunded has no refunds list.
+    event = stripe_event("refund.created", payment_id="pi_1", amount=700)
+    event["type"] = kind
+    mapped = canonical_of(event)
+
+    assert mapped["event"] == "refund.completed"
+    assert (mapped["refund_id"], mapped["payment_id"]) == ("re_3PpQkTJtLs0Gc6Rx1c2Vb5Ww", "pi_1")
+    assert (mapped["amount"], mapped["currency"]) == ("7.00", "USD")
+
+
+@pytest.mark.parametrize("kind", ["refund.updated", "refund.failed"])
+def test_a_failed_refund_object_is_refund_failed(kind: str) -> None:
+    event = stripe_event("refund.created", status="failed")
+    event["type"] = kind
+
+    assert canonical_of(event)["event"] == "refund.failed"
 
 
 def test_the_workers_know_a_stripe_event_by_its_prefixed_id_and_canonical_body() -> None:
@@ -386,7 +420,7 @@ def test_an_event_of_the_mode_not_applied_is_kept_under_stripes_type(
     delivery = read_headers({SIGNATURE_HEADER: official_header(raw)}, STRIPE)
     webhook = parse_body(delivery, raw, STRIPE, options)
 
-    expected = "payment.status_changed" if applied else "payment_intent.succeeded"
+    expected = "payment.status_changed" if applied else "stripe.payment_intent.succeeded"
     assert (webhook.event_id, webhook.event_type, webhook.payment_id) == (
         "evt_m",
         expected,

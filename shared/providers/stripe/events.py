@@ -1,17 +1,22 @@
 """Stripe events (https://docs.stripe.com/api/events/object) as payhooks' canonical events
 (X-Hub's body shape, SPEC section 3). Stripe's `type` is mapped onto a canonical event type,
 which is the routing key; a type payhooks has no canonical event for (disputes, any other)
-keeps Stripe's name and lands in `unrouted`, stored and visible (docs/providers.md).
+is kept as `stripe.` + Stripe's type, which no worker binds (`stripe.refund.created` can never
+be taken for payhooks' `refund.*`): stored, unrouted, visible (docs/providers.md).
 
   payment_intent.succeeded        payment.status_changed paid (amount_received)
   payment_intent.payment_failed   payment.status_changed failed
   payment_intent.canceled         payment.status_changed expired (cancellation_reason
                                   automatic/abandoned) or cancelled (any other reason)
   charge.refunded                 refund.completed, the charge's latest refund (its id and
-                                  amount); without the refunds list, a full refund
-                                  (`refunded: true`) is payment.status_changed refunded
-  charge.refund.updated failed    refund.failed
-  anything else                   Stripe's own type, unrouted
+                                  amount); without the refunds list (API versions from
+                                  2022-11-15), a full refund (`refunded: true`) is
+                                  payment.status_changed refunded, a partial one unmapped
+  refund.created, refund.updated  refund.completed when the refund succeeded (its id and
+                                  amount: partial refunds on any API version)
+  charge.refund.updated, refund.updated, refund.failed
+                                  refund.failed when the refund failed
+  anything else                   stripe.<type>, unrouted
 
 The payment id is the PaymentIntent's (`data.object.id` for payment_intent.*, the object's
 `payment_intent` for charges, refunds and disputes); money goes from Stripe's minor units to
@@ -29,6 +34,7 @@ import orjson
 from shared.providers.base import Headline, MalformedWebhookError
 from shared.providers.stripe import LIVEMODE_VARIABLE
 
+UNMAPPED_PREFIX: Final = "stripe."
 STATUS_CHANGED: Final = "payment.status_changed"
 REFUND_COMPLETED: Final = "refund.completed"
 REFUND_FAILED: Final = "refund.failed"
@@ -44,6 +50,10 @@ ZERO_DECIMAL: Final = frozenset(
 THREE_DECIMAL: Final = frozenset({"BHD", "JOD", "KWD", "OMR", "TND"})
 # Cancelled by Stripe itself, not by anyone's decision: the payment expired.
 EXPIRED_REASONS: Final = frozenset({"automatic", "abandoned"})
+# Events whose object is a Refund.
+REFUND_EVENTS: Final = frozenset(
+    {"charge.refund.updated", "refund.created", "refund.updated", "refund.failed"}
+)
 
 
 def exponent(currency: str) -> int:
@@ -91,8 +101,8 @@ def _created(obj: Mapping[str, Any]) -> int:
 
 
 def canonical_type(event_type: str, obj: Mapping[str, Any]) -> str:
-    """The canonical event type (the routing key) of a Stripe event: Stripe's own for one
-    payhooks does not apply."""
+    """The canonical event type (the routing key) of a Stripe event: `stripe.` + Stripe's
+    own for one payhooks does not apply."""
     if event_type in (
         "payment_intent.succeeded",
         "payment_intent.payment_failed",
@@ -102,10 +112,20 @@ def canonical_type(event_type: str, obj: Mapping[str, Any]) -> str:
     if event_type == "charge.refunded":
         if _latest_refund(obj) is not None:
             return REFUND_COMPLETED
-        return STATUS_CHANGED if obj.get("refunded") is True else event_type
-    if event_type == "charge.refund.updated" and obj.get("status") == "failed":
-        return REFUND_FAILED
-    return event_type
+        if obj.get("refunded") is True:
+            return STATUS_CHANGED
+    if event_type in REFUND_EVENTS:
+        status = obj.get("status")
+        if status == "failed":
+            return REFUND_FAILED
+        if status == "succeeded" and event_type in ("refund.created", "refund.updated"):
+            return REFUND_COMPLETED
+    return unmapped(event_type)
+
+
+def unmapped(event_type: str) -> str:
+    """The routing key of a Stripe event payhooks does not apply."""
+    return UNMAPPED_PREFIX + event_type
 
 
 def headline(payload: Mapping[str, Any]) -> Headline:
@@ -133,11 +153,11 @@ def parse_mode(raw: str) -> str:
 def screen(payload: Mapping[str, Any], head: Headline, options: Mapping[str, str]) -> Headline:
     """An event of the mode this deployment does not apply (STRIPE_LIVEMODE=live and a
     test-mode event, or the reverse; a `livemode` that is no boolean is neither) is kept
-    under Stripe's own type: stored, unrouted, applied by no worker."""
+    under `stripe.` + Stripe's type: stored, unrouted, applied by no worker."""
     mode = options.get(LIVEMODE_VARIABLE, "any")
     if mode == "any" or payload.get("livemode") is (mode == "live"):
         return head
-    return Headline(str(payload.get("type")), head.payment_id, head.event_id)
+    return Headline(unmapped(str(payload.get("type"))), head.payment_id, head.event_id)
 
 
 def _created_at(payload: Mapping[str, Any]) -> str | None:
@@ -180,7 +200,7 @@ def canonical(payload: Mapping[str, Any]) -> dict[str, Any]:
         reason = obj.get("cancellation_reason")
         event["status"] = "expired" if reason in EXPIRED_REASONS else "cancelled"
     elif kind == REFUND_COMPLETED:
-        refund = _latest_refund(obj) or {}
+        refund = obj if event_type in REFUND_EVENTS else _latest_refund(obj) or {}
         event["refund_id"] = refund.get("id")
         event.update(_money(refund.get("amount"), refund.get("currency", obj.get("currency"))))
     elif kind == STATUS_CHANGED:  # charge.refunded in full, without its refunds list
