@@ -27,6 +27,7 @@ FILE_VARIABLES = frozenset(
         "AMQP_URL",
         "SMTP_PASSWORD",
         *(provider.secrets_variable for provider in PROVIDERS),
+        *(p.payment_api.key_variable for p in PROVIDERS if p.payment_api is not None),
     }
 )
 
@@ -50,6 +51,11 @@ class Settings:
     # the provider); () for one not configured, which then has no route.
     provider_secrets: Mapping[str, tuple[bytes, ...]] = field(repr=False)
     timestamp_tolerance_s: int
+    # (base URL, key) of each provider's payment API (its `payment_api`) by provider name, for
+    # those whose key variable is set: the reconciler asks only these (X-Hub's are below).
+    provider_apis: Mapping[str, tuple[str, str]] = field(repr=False)
+    # Each provider's own settings (its `options`, those set), by provider name.
+    provider_options: Mapping[str, Mapping[str, str]]
     max_body_bytes: int
     xhub_api_url: str | None
     xhub_api_key: str | None = field(repr=False)
@@ -111,6 +117,15 @@ class Settings:
                 for provider in PROVIDERS
             },
             "timestamp_tolerance_s": reader.parse("XHUB_TIMESTAMP_TOLERANCE", 300, _positive_int),
+            "provider_apis": _provider_apis(reader),
+            "provider_options": {
+                provider.name: {
+                    name: value
+                    for name, parser in (provider.options or {}).items()
+                    if (value := reader.parse(name, "", parser))
+                }
+                for provider in PROVIDERS
+            },
             "max_body_bytes": reader.parse("INGEST_MAX_BODY", 262_144, _positive_int),
             "xhub_api_url": reader.optional("XHUB_API_URL"),
             "xhub_api_key": reader.optional("XHUB_API_KEY"),
@@ -173,6 +188,23 @@ class Settings:
     def redacted(self) -> dict[str, object]:
         """Every setting that is safe to log (secrets and credentials left out)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+
+
+def _provider_apis(reader: _Reader) -> dict[str, tuple[str, str]]:
+    apis = {}
+    for provider in PROVIDERS:
+        api = provider.payment_api
+        if api is None:
+            continue
+        key = reader.optional(api.key_variable)
+        url = reader.optional(api.url_variable) or api.url_default
+        if key is None:
+            continue
+        if url is None:
+            reader.errors[api.url_variable] = f"is required with {api.key_variable}"
+            continue
+        apis[provider.name] = (url, key)
+    return apis
 
 
 def is_set(env: Mapping[str, str], name: str) -> bool:

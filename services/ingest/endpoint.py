@@ -64,6 +64,7 @@ class _Answer:
     reason: str | None = None  # why unavailable, for the log line
     close: bool = False  # close the connection after answering
     signed: Signed | None = None  # an authentically signed delivery: which secret, what skew
+    event_id: str | None = None  # a verified body's (a provider whose id is in the body)
 
 
 def webhook_handler(provider: Provider) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -97,16 +98,17 @@ async def receive_webhook(request: web.Request, provider: Provider) -> web.Respo
             if evidence:
                 metrics.clock_skew.observe(signed.clock_skew_s)
             fields["clock_skew_s"] = round(signed.clock_skew_s, 3)
+    given_id = answer.event_id  # a body's id, verified (a 5xx's); else the id header's
+    if given_id is None and provider.id_header is not None:
+        given_id = request.headers.get(provider.id_header)
     refusals = request.app.get(REFUSALS)
     if (answer.status == 401 or answer.status >= 500) and refusals is not None:
-        refusals.note(
-            provider.name, request.headers.get(provider.id_header), answer.status, answer.outcome
-        )
+        refusals.note(provider.name, given_id, answer.status, answer.outcome)
     event = log.warning if answer.outcome == "unavailable" else log.info
     event(
         "webhook.received",
         provider=provider.name,
-        event_id=request.headers.get(provider.id_header, "")[:255] or None,
+        event_id=(given_id or "")[:255] or None,
         event_type=answer.event_type,
         outcome=answer.outcome,
         status=answer.status,
@@ -143,7 +145,7 @@ async def _answer(request: web.Request, deadline: float, provider: Provider) -> 
             settings.timestamp_tolerance_s,
             provider,
         )
-        webhook = parse_body(delivery, body, provider)
+        webhook = parse_body(delivery, body, provider, settings.provider_options.get(provider.name))
     except SlowBodyError as e:
         # A 4xx would tell the provider never to send a non-money event again: 503 it is.
         return _unavailable(str(e), close=True)
@@ -165,6 +167,7 @@ async def _answer(request: web.Request, deadline: float, provider: Provider) -> 
         log.info("webhook.unrouted", event_id=webhook.event_id, event_type=webhook.event_type)
     answer = await _accept(request, request.app[ACCEPTORS][provider.name], webhook, deadline)
     answer.event_type = webhook.event_type
+    answer.event_id = webhook.event_id
     answer.signed = signed
     return answer
 

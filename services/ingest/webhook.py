@@ -67,18 +67,40 @@ class Webhook:
 
 
 def read_headers(headers: Mapping[str, str], provider: Provider) -> WebhookHeaders:
-    id_header, timestamp_header = provider.id_header, provider.timestamp_header
-    event_id = headers.get(id_header, "").strip()
-    timestamp = headers.get(timestamp_header, "").strip()
+    """The delivery's id, timestamp and signature as its headers give them. A provider whose
+    id is in the body (Stripe) gets "" here and the body's in parse_body; one whose timestamp
+    is in the signature header (Stripe's `t=`) is refused as unsigned (401) without one."""
+    signature = headers.get(provider.signature_header, "")
+    event_id = ""
+    if (id_header := provider.id_header) is not None:
+        event_id = _event_id(headers.get(id_header, ""), f"{id_header} header")
+    if (timestamp_header := provider.timestamp_header) is not None:
+        timestamp = headers.get(timestamp_header, "").strip()
+        if not timestamp:
+            raise MalformedWebhookError(f"missing {timestamp_header} header")
+        if not _INTEGER.fullmatch(timestamp):
+            raise MalformedWebhookError(f"{timestamp_header} must be Unix seconds")
+    else:
+        in_signature = provider.timestamp_in_signature
+        timestamp = in_signature(signature).strip() if in_signature is not None else ""
+        if not signature:
+            raise RejectedWebhookError(
+                "invalid_signature", f"missing {provider.signature_header} header"
+            )
+        if not _INTEGER.fullmatch(timestamp):
+            raise RejectedWebhookError(
+                "invalid_signature", f"{provider.signature_header} has no Unix seconds timestamp"
+            )
+    return WebhookHeaders(event_id, timestamp, signature)
+
+
+def _event_id(value: str, where: str) -> str:
+    event_id = value.strip()
     if not event_id:
-        raise MalformedWebhookError(f"missing {id_header} header")
+        raise MalformedWebhookError(f"missing {where}")
     if len(event_id) > _MAX_ID_LENGTH or not event_id.isprintable():
-        raise MalformedWebhookError(f"{id_header} must be 1-{_MAX_ID_LENGTH} printable characters")
-    if not timestamp:
-        raise MalformedWebhookError(f"missing {timestamp_header} header")
-    if not _INTEGER.fullmatch(timestamp):
-        raise MalformedWebhookError(f"{timestamp_header} must be Unix seconds")
-    return WebhookHeaders(event_id, timestamp, headers.get(provider.signature_header, ""))
+        raise MalformedWebhookError(f"{where} must be 1-{_MAX_ID_LENGTH} printable characters")
+    return event_id
 
 
 def authenticate(
@@ -113,7 +135,13 @@ def authenticate(
     return signed
 
 
-def parse_body(delivery: WebhookHeaders, body: bytes, provider: Provider) -> Webhook:
+def parse_body(
+    delivery: WebhookHeaders,
+    body: bytes,
+    provider: Provider,
+    options: Mapping[str, str] | None = None,
+) -> Webhook:
+    """The verified body as a webhook; `options`: the provider's own settings (its screen's)."""
     try:
         payload: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -121,8 +149,14 @@ def parse_body(delivery: WebhookHeaders, body: bytes, provider: Provider) -> Web
     if not isinstance(payload, dict):
         raise MalformedWebhookError("body must be a JSON object")
     headline = provider.headline(payload)
+    if provider.screen is not None:
+        headline = provider.screen(payload, headline, options or {})
+    event_id = delivery.event_id
+    if provider.id_header is None:  # the id is the body's (Stripe's `id`)
+        given = headline.event_id
+        event_id = _event_id(given if isinstance(given, str) else "", 'body "id"')
     return Webhook(
-        event_id=delivery.event_id,
+        event_id=event_id,
         event_type=headline.event_type,
         payment_id=_payment_id(headline.payment_id),
         body=body,

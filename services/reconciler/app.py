@@ -20,6 +20,7 @@ from shared.metrics import ProviderMetrics, ReconcilerMetrics, new_registry
 from shared.process.service import Service
 from shared.process.tasks import background, keep_running
 from shared.process.web import base_app
+from shared.providers.registry import BY_NAME
 from shared.providers.xhub.client import ProviderClient
 from shared.queries.orders import UNDECIDED_CHANNEL
 
@@ -35,7 +36,14 @@ async def listen_for_undecided(database_url: str, wake: asyncio.Event) -> None:
 def create_app(settings: Settings) -> web.Application:
     registry = new_registry()
     metrics = ReconcilerMetrics.create(registry)
-    client = ProviderClient.from_settings(settings, ProviderMetrics.create(registry))
+    provider_metrics = ProviderMetrics.create(registry)
+    client = ProviderClient.from_settings(settings, provider_metrics)
+    # Other providers' payment APIs, those whose key is set (STRIPE_API_KEY): by name.
+    others = {}
+    for name, (url, key) in settings.provider_apis.items():
+        api = BY_NAME[name].payment_api
+        if api is not None:
+            others[name] = ProviderClient.for_api(api, url, key, provider_metrics)
     app = base_app(registry)
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     app.cleanup_ctx.append(pool_ctx(settings.database_url, max_size=4))
@@ -43,12 +51,14 @@ def create_app(settings: Settings) -> web.Application:
 
     async def loop_ctx(app: web.Application) -> AsyncIterator[None]:
         await client.start()
+        for other in others.values():
+            await other.start()
 
         wake = asyncio.Event()
 
         async def run() -> None:
             await app[BROKER].wait_connected(float("inf"))
-            reconciler = Reconciler(app[DB_POOL], app[BROKER], client, metrics, settings)
+            reconciler = Reconciler(app[DB_POOL], app[BROKER], client, metrics, settings, others)
             interval_s = settings.reconcile_interval_s
             await keep_running(reconciler.run_pass, interval_s, "reconcile.pass_failed", wake)
 
@@ -60,6 +70,8 @@ def create_app(settings: Settings) -> web.Application:
                 yield
         finally:
             await client.close()
+            for other in others.values():
+                await other.close()
 
     app.cleanup_ctx.append(loop_ctx)
     return app

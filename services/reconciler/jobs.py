@@ -6,6 +6,7 @@ through the orders queue like a webhook (D11), marked as the reconciler's by its
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ from shared.errors import PermanentError, TransientError
 from shared.messages import reconciler_headers
 from shared.metrics import ReconcilerMetrics
 from shared.order_machine import OrderState, Reason, agrees, decide
-from shared.providers.registry import has_payment_api
+from shared.providers.registry import asks_xhub
 from shared.providers.xhub import PROVIDER, STATUS_CHANGED
 from shared.providers.xhub.client import PaymentNotFoundError, ProviderAuthError, ProviderClient
 from shared.providers.xhub.events import ProviderEvent, status_changed
@@ -69,11 +70,13 @@ async def reconcile_once(
     metrics: ReconcilerMetrics,
     timing: Timing,
     size: int | None = None,
+    others: Mapping[str, ProviderClient] | None = None,
 ) -> int:
     """Check one claim of due orders (`size`, by default a second of the provider's rate
     limit); return how many the provider was asked about (a full claim means more may be
     waiting; fewer, that none are or the provider is failing). An order whose question did
-    not end (a repair not published, a crash) is due again when its lease runs out."""
+    not end (a repair not published, a crash) is due again when its lease runs out.
+    `others`: the clients of other providers' payment APIs (Stripe's), by provider name."""
     size = size or schedule.claim_size(client.policy.rate_per_s)
     rows = await schedule.claim(pool, size, timing)
     answered: list[asyncpg.Record] = []
@@ -81,7 +84,7 @@ async def reconcile_once(
         for index, row in enumerate(rows):
             metrics.asked.labels(**{"class": CLASS_NAMES[row["check_class"]]}).inc()
             try:
-                if await _ask_about(row, pool, broker, client, metrics):
+                if await _ask_about(row, pool, broker, client, metrics, others or {}):
                     answered.append(row)
             except _ProviderFailingError:
                 # Asking about the next order would only hammer it: the pass ends, and the
@@ -102,19 +105,23 @@ async def _ask_about(
     row: asyncpg.Record,
     pool: asyncpg.Pool[Any],
     broker: Broker,
-    client: ProviderClient,
+    xhub: ProviderClient,
     metrics: ReconcilerMetrics,
+    others: Mapping[str, ProviderClient],
 ) -> bool:
     """Ask the provider about one claimed order and act on the answer; False if the question
     did not end (the repair it called for was not published)."""
     payment_id = row["payment_id"]
     providers = await inbox_sql.providers_of_payment(pool, payment_id)
-    if providers and not any(has_payment_api(p) for p in providers):
-        # Its webhooks come from a provider with no API to ask (Standard Webhooks): asking
-        # X-Hub would only earn a 404. Repaired by its sender's redeliveries; rescheduled.
+    asked = _whom_to_ask(providers, xhub, others)
+    if asked is None:
+        # Its webhooks come from a provider with no API to ask (Standard Webhooks, or Stripe
+        # without STRIPE_API_KEY): asking X-Hub would only earn a 404. Repaired by its
+        # sender's redeliveries; rescheduled.
         metrics.checked.labels(result="no_provider_api").inc()
         log.info("reconcile.no_provider_api", payment_id=payment_id, providers=providers)
         return True
+    provider, client = asked
     try:
         payment = await client.get_payment(payment_id)
     except PaymentNotFoundError:
@@ -173,7 +180,7 @@ async def _ask_about(
                 body,
                 event_id,
                 STATUS_CHANGED,
-                {"provider": PROVIDER, **reconciler_headers(row["checked_at"])},
+                {"provider": provider, **reconciler_headers(row["checked_at"])},
             )
         ],
         _PUBLISH_TIMEOUT_S,
@@ -191,9 +198,25 @@ async def _ask_about(
         from_status=state.status.value,
         to_status=transition.to_status.value,
         provider_status=payment.status,
+        provider=provider,
         event_id=event_id,
     )
     return True
+
+
+def _whom_to_ask(
+    providers: list[str], xhub: ProviderClient, others: Mapping[str, ProviderClient]
+) -> tuple[str, ProviderClient] | None:
+    """The provider (and its client) whose API answers about a payment the webhooks of
+    `providers` named: one with its own client first, else X-Hub if one of them is X-Hub's
+    (or none named it yet: asked at X-Hub, as before providers had names); None if none
+    of them can be asked."""
+    for provider in providers:
+        if provider in others:
+            return provider, others[provider]
+    if not providers or any(asks_xhub(p) for p in providers):
+        return PROVIDER, xhub
+    return None
 
 
 async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dict[str, int]:
@@ -230,8 +253,10 @@ class Reconciler:
         client: ProviderClient,
         metrics: ReconcilerMetrics,
         settings: Settings,
+        others: Mapping[str, ProviderClient] | None = None,
     ) -> None:
         self._pool, self._broker, self._client, self._metrics = pool, broker, client, metrics
+        self._others = dict(others or {})
         self._timing = Timing(
             after_s=settings.reconcile_after_s,
             interval_s=settings.reconcile_interval_s,
@@ -254,7 +279,13 @@ class Reconciler:
                 await self.observe_backlog()
                 await housekeeping_once(self._pool, self._retention_days)
             asked = await reconcile_once(
-                self._pool, self._broker, self._client, self._metrics, self._timing, self._size
+                self._pool,
+                self._broker,
+                self._client,
+                self._metrics,
+                self._timing,
+                self._size,
+                self._others,
             )
             if asked < self._size:
                 return

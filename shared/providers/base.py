@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
+
+from shared.errors import PermanentError
 
 
 class MalformedWebhookError(ValueError):
@@ -20,6 +24,42 @@ class Headline:
 
     event_type: str
     payment_id: Any
+    # The event id, for a provider whose id is in the body rather than a header (Stripe's
+    # `id`, `evt_...`); None for one whose `id_header` carries it.
+    event_id: Any = None
+
+
+class ProviderResponseError(PermanentError):
+    """The provider answered something we cannot use: a bad body or an unexpected status."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderPayment:
+    """A provider's answer about one payment, in payhooks' words: `status` one of the
+    canonical statuses (paid, settled, refunded, failed, expired, cancelled, ...; one the
+    order machine does not know, such as pending, changes nothing)."""
+
+    payment_id: str
+    status: str
+    amount: Decimal
+    currency: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaymentApi:
+    """How the reconciler asks a provider about one payment (GET, Bearer key): the shared
+    HTTP client (timeouts, retries, rate limit, metrics) with the provider's URL and reading."""
+
+    url_variable: str  # the API's base URL
+    url_default: str | None  # None: the variable is required with the key
+    key_variable: str  # the Bearer key; unset, the reconciler does not ask this provider
+    # A payment id as the path (and query) after the base URL, its id percent-encoded.
+    path: Callable[[str], str]
+    # The answer's body (HTTP 200) about a payment id; ProviderResponseError if unusable.
+    parse: Callable[[bytes, str], ProviderPayment]
+    headers: Mapping[str, str] | None = None  # sent with every question besides the key
+    rate_per_s: float = 10.0  # questions a second, the client's own budget
 
 
 # (secrets, event id, timestamp, raw body, signature header) -> position of the first secret
@@ -38,8 +78,11 @@ class Provider:
     # Its text as the keys to sign with; ValueError (saying the expected shape, never echoing
     # the value) if malformed.
     parse_secrets: Callable[[str], tuple[bytes, ...]]
-    id_header: str
-    timestamp_header: str  # Unix seconds of the delivery attempt
+    # The event id's header; None: the id is in the body (`Headline.event_id`, Stripe's).
+    id_header: str | None
+    # The timestamp's header (Unix seconds of the delivery attempt); None: the signature
+    # header carries it (`timestamp_in_signature`, Stripe's `t=`).
+    timestamp_header: str | None
     signature_header: str
     matching_secret: MatchingSecret
     # The parsed JSON object's event type and payment id; MalformedWebhookError if the body
@@ -56,6 +99,19 @@ class Provider:
     # Whether the reconciler can ask this provider's API about a payment (GET /payments/:id);
     # a provider without one is repaired by its own redeliveries only.
     has_payment_api: bool = False
+    # Its API as the reconciler asks it, for a provider other than X-Hub (whose API settings
+    # predate the seam: XHUB_API_URL, XHUB_API_KEY).
+    payment_api: PaymentApi | None = None
+    # Settings of its own besides secrets (not secret), by variable: each parsed by its
+    # function (ValueError naming the expected values); Settings.provider_options holds them.
+    options: Mapping[str, Callable[[str], str]] | None = None
+    # The headline as this deployment takes the event, given the parsed body and its options
+    # (those set): a provider may keep an event it must not apply under its own type, which no
+    # worker takes (stored, unrouted, visible), as Stripe's test-mode events in a live one.
+    screen: Callable[[Mapping[str, Any], Headline, Mapping[str, str]], Headline] | None = None
+    # For a provider without a timestamp header: the timestamp as the signature header gives
+    # it ("" when it gives none: the delivery is then refused as unsigned, 401).
+    timestamp_in_signature: Callable[[str], str] | None = None
 
 
 def comma_separated(raw: str) -> tuple[str, ...]:

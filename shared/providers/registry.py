@@ -8,9 +8,10 @@ from typing import Final
 
 from shared.providers.base import Provider
 from shared.providers.standard.adapter import STANDARD
+from shared.providers.stripe.adapter import STRIPE
 from shared.providers.xhub.adapter import XHUB
 
-PROVIDERS: Final[tuple[Provider, ...]] = (XHUB, STANDARD)
+PROVIDERS: Final[tuple[Provider, ...]] = (XHUB, STANDARD, STRIPE)
 BY_NAME: Final[Mapping[str, Provider]] = {p.name: p for p in PROVIDERS}
 # Whose event an id given without a provider names (SPEC's webhooks are X-Hub's).
 DEFAULT: Final[Provider] = XHUB
@@ -27,6 +28,14 @@ def has_payment_api(provider: str) -> bool:
     before providers had names, yes)."""
     known = BY_NAME.get(provider)
     return known is None or known.has_payment_api
+
+
+def asks_xhub(provider: str) -> bool:
+    """Whether the reconciler asks X-Hub's API about a payment of `provider`: X-Hub's own, and
+    (as before providers had names) one unknown to the registry; a provider with its own
+    payment API (Stripe) is asked there or, without its key, not at all."""
+    known = BY_NAME.get(provider)
+    return known is None or (known.has_payment_api and known.payment_api is None)
 
 
 def worker_id(provider: str, event_id: str) -> str:

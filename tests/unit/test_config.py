@@ -435,12 +435,40 @@ def test_each_provider_has_its_secrets_and_only_those_configured_get_a_route() -
 
     key = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     settings = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "new, old"})
-    assert settings.provider_secrets == {"xhub": (b"new", b"old"), "standard": ()}
+    assert settings.provider_secrets == {"xhub": (b"new", b"old"), "standard": (), "stripe": ()}
     assert [p.name for p in configured(settings.provider_secrets)] == ["xhub"]
 
     both = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "s", "STANDARD_WEBHOOK_SECRETS": key})
     assert len(both.provider_secrets["standard"]) == 1
     assert [p.name for p in configured(both.provider_secrets)] == ["xhub", "standard"]
+
+    stripe = Settings.from_env({"XHUB_WEBHOOK_SECRETS": "s", "STRIPE_WEBHOOK_SECRETS": key})
+    assert stripe.provider_secrets["stripe"] == (key.encode(),)  # keyed as given, prefix too
+    assert [p.name for p in configured(stripe.provider_secrets)] == ["xhub", "stripe"]
+
+
+def test_stripes_api_is_configured_by_its_key_alone() -> None:
+    assert Settings.from_env({}).provider_apis == {}
+    settings = Settings.from_env({"STRIPE_API_KEY": "sk_test_x"})
+    assert settings.provider_apis == {"stripe": ("https://api.stripe.com", "sk_test_x")}
+    local = Settings.from_env({"STRIPE_API_KEY": "k", "STRIPE_API_URL": "http://127.0.0.1:1"})
+    assert local.provider_apis["stripe"] == ("http://127.0.0.1:1", "k")
+    assert "sk_test_x" not in repr(settings)
+    assert "provider_apis" not in settings.redacted()
+
+
+def test_stripe_livemode_is_live_test_or_any() -> None:
+    assert Settings.from_env({}).provider_options["stripe"] == {}
+    live = Settings.from_env({"STRIPE_LIVEMODE": "Live"})
+    assert live.provider_options["stripe"] == {"STRIPE_LIVEMODE": "live"}
+    assert "STRIPE_LIVEMODE must be live, test or any" in config_error({"STRIPE_LIVEMODE": "yes"})
+
+
+def test_a_malformed_stripe_secret_is_named_never_shown() -> None:
+    error = config_error({"STRIPE_WEBHOOK_SECRETS": f"sk_live_{SECRET_LOOKING}"})
+
+    assert "STRIPE_WEBHOOK_SECRETS must be comma-separated whsec_... endpoint secrets" in error
+    assert SECRET_LOOKING not in error
 
 
 def test_a_malformed_standard_secret_is_named_never_shown() -> None:

@@ -1,11 +1,13 @@
 """X-Hub API client: `GET /payments/{id}` with timeouts, a shared rate limit, retries and
 metrics; 401/403, 404 and bad answers are PermanentErrors, 5xx, 429, network errors and
-timeouts are retried, then raised as a TransientError."""
+timeouts are retried, then raised as a TransientError. Another provider's payment API (its
+`PaymentApi`: Stripe's) is asked through the same client with its own path and reading."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -19,8 +21,14 @@ from yarl import URL
 from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ProviderMetrics
+from shared.providers.base import PaymentApi
 from shared.providers.xhub.pacing import RateLimiter, parse_retry_after
 from shared.providers.xhub.payments import ProviderPayment, ProviderResponseError, parse_payment
+
+
+def _xhub_path(payment_id: str) -> str:
+    return f"/payments/{quote(payment_id, safe='')}"
+
 
 log = structlog.get_logger(__name__)
 
@@ -87,15 +95,25 @@ class ProviderClient:
         metrics: ProviderMetrics,
         policy: ProviderPolicy | None = None,
         rng: random.Random | None = None,
+        path: Callable[[str], str] = _xhub_path,
+        parse: Callable[[bytes, str], ProviderPayment] = parse_payment,
+        headers: Mapping[str, str] | None = None,
+        variables: tuple[str, str] = ("XHUB_API_URL", "XHUB_API_KEY"),
     ) -> None:
+        url_variable, key_variable = variables
         url = URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError("XHUB_API_URL must be an absolute http(s) URL")
+            raise ValueError(f"{url_variable} must be an absolute http(s) URL")
         if not api_key.strip():
-            raise ValueError("XHUB_API_KEY must not be empty")
+            raise ValueError(f"{key_variable} must not be empty")
         self._base_url = base_url.rstrip("/")
         self._shown_url = str(url.with_user(None))  # never show credentials in a URL either
-        self._headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+        self._headers = {
+            **(headers or {}),
+            "Authorization": f"Bearer {api_key}",
+            "Accept": "application/json",
+        }
+        self._path, self._parse, self._key_variable = path, parse, key_variable
         self.metrics = metrics
         self.policy = policy or ProviderPolicy()
         self._limiter = RateLimiter(self.policy.rate_per_s, self.policy.burst)
@@ -117,6 +135,22 @@ class ProviderClient:
             key,
             metrics=metrics,
             policy=policy or ProviderPolicy(rate_per_s=settings.xhub_api_rate),
+        )
+
+    @classmethod
+    def for_api(
+        cls, api: PaymentApi, url: str, key: str, metrics: ProviderMetrics
+    ) -> ProviderClient:
+        """A client of another provider's payment API (its `PaymentApi`, as configured)."""
+        return cls(
+            url,
+            key,
+            metrics=metrics,
+            policy=ProviderPolicy(rate_per_s=api.rate_per_s),
+            path=api.path,
+            parse=api.parse,
+            headers=api.headers,
+            variables=(api.url_variable, api.key_variable),
         )
 
     def __repr__(self) -> str:
@@ -150,7 +184,7 @@ class ProviderClient:
             raise RuntimeError("ProviderClient is not started")
         if not payment_id:
             raise ValueError("payment_id must not be empty")
-        url = URL(f"{self._base_url}/payments/{quote(payment_id, safe='')}", encoded=True)
+        url = URL(f"{self._base_url}{self._path(payment_id)}", encoded=True)
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self.policy.deadline_s
@@ -232,7 +266,7 @@ class ProviderClient:
 
         if status == 200:
             try:
-                payment = parse_payment(body, payment_id)
+                payment = self._parse(body, payment_id)
             except ProviderResponseError:
                 self.metrics.observe("invalid_response", duration_s)
                 raise
@@ -246,7 +280,7 @@ class ProviderClient:
         if status in (401, 403):
             self.metrics.observe("unauthorized", duration_s)
             raise ProviderAuthError(
-                f"provider refused our credentials (HTTP {status}): check XHUB_API_KEY"
+                f"provider refused our credentials (HTTP {status}): check {self._key_variable}"
             )
         if status == 404:
             self.metrics.observe("not_found", duration_s)
