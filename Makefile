@@ -101,7 +101,7 @@ bench-copies: install
 # PostgreSQL cluster of its own (tests/private_servers.py), which it stops, kills and restarts
 # and removes at the end; the machine's shared servers are never touched. About 30 minutes.
 chaos: install
-	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),)
+	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),) $(if $(CHAOS_PROVIDERS),--provider $(CHAOS_PROVIDERS),)
 
 MINUTES ?= 30
 soak: install
@@ -129,8 +129,10 @@ chaos-cluster: install
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-# See it work: the whole system plus the X-Hub simulator driving 300 payments with duplicates,
-# reordering and lost webhooks, then a check of every payment (scripts/demo.sh says how). Own
-# database and queue prefix; dependencies checked first, every wait bounded.
+# See it work: the whole system plus the simulator driving 300 payments per provider with
+# duplicates, reordering and lost webhooks, then a check of every payment (scripts/demo.sh says
+# how). PROVIDERS=xhub,standard: a mixed storm (payments dealt round-robin). Own database and
+# queue prefix; dependencies checked first, every wait bounded.
+PROVIDERS ?= xhub
 demo: install
-	@BIN=$(BIN) bash scripts/demo.sh
+	@BIN=$(BIN) PROVIDERS=$(PROVIDERS) bash scripts/demo.sh

@@ -216,6 +216,14 @@ async def _check(
         await pool.close()
     for payment_id, why in sorted(problems.items()):
         _out(f"MISMATCH {payment_id}: {why}")
+    providers = {e.payment_id: e.provider for e in summary.expectations}
+    if len(set(providers.values())) > 1:
+        right = Counter(providers[p] for p in payment_ids if p not in problems)
+        every = Counter(providers[p] for p in payment_ids)
+        _out(
+            "check per provider: "
+            + ", ".join(f"{name} {right[name]}/{n}" for name, n in sorted(every.items()))
+        )
     states = dict(sorted(Counter(a["status"] for a in actual.values()).items()))
     points = sum(a["bonus"] for a in actual.values())
     emails = Counter(template for a in actual.values() for template in a["emails"])
@@ -243,7 +251,7 @@ async def _check(
             [
                 "lost webhooks",
                 f"{counts.get('LOST', 0)} ({counts['needs_repair']} payments left for"
-                " the reconciler; a provider without an API: left missing, expected so)",
+                " the reconciler)",
             ],
             ["repairs", f"{repairs} transitions made by the reconciler (lost webhooks)"],
             ["dead letters", dead_letters],
