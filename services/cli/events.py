@@ -17,7 +17,7 @@ from shared.ops.dlq import DeadLetter
 from shared.ops.inbox_view import BadQueryError, EventQuery
 from shared.providers import registry
 
-COLUMNS = ["received_at", "provider", "event_id", "event", "payment_id", "duplicates", "outcome"]
+COLUMNS = ["received_at", "event_id", "provider", "event", "payment_id", "duplicates", "outcome"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +93,8 @@ async def event_show(settings: Settings, args: argparse.Namespace) -> int:
     async with database(settings) as conn:
         view = await inbox_view.event_view(conn, args.event_id, dead_letters, provider)
     if view is None:
-        print(f"payhooks: {provider} event {args.event_id} is not in the inbox", file=sys.stderr)
+        whose = "" if provider == registry.DEFAULT.name else f"{provider} "
+        print(f"payhooks: {whose}event {args.event_id} is not in the inbox", file=sys.stderr)
         return EXIT_NOTHING
     if "dead_letters_unavailable" in view:
         print(
@@ -103,8 +104,8 @@ async def event_show(settings: Settings, args: argparse.Namespace) -> int:
         print(_dumps(view))
         return EXIT_OK
     print(
-        f"event {view['event_id']}  provider {view['provider']}  {view['event']}"
-        f"  payment {view['payment_id'] or '-'}"
+        f"event {view['event_id']}  {view['event']}  payment {view['payment_id'] or '-'}"
+        f"  provider {view['provider']}"
         f"  received {view['received_at']}  duplicates {view['duplicates']}"
         f" (last {view['last_seen_at']})\noutcome: {view['outcome']}"
     )

@@ -61,6 +61,7 @@ async def test_filters_combine_and_events_come_newest_first(api: TestClient, db:
     assert everything["next_cursor"] is None
     assert everything["events"][2] == {
         "event_id": failed,
+        "provider": "xhub",
         "event": "refund.failed",
         "payment_id": "pay_a",
         "received_at": (T0 + MINUTE).isoformat(),
