@@ -171,10 +171,10 @@ async def dlq_show(settings: Settings, args: argparse.Namespace) -> int:
     else:
         columns = [
             "id",
-            "provider",
             "event",
             "payment_id",
             "reason",
+            "provider",
             "attempts",
             "last_failed_at",
             "error",

@@ -124,7 +124,7 @@ def _flows(raw: str) -> dict[str, float]:
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
     """The `payhooks sim` handler (services.cli.main's Command signature)."""
-    providers: tuple[str, ...] = args.providers
+    providers: tuple[str, ...] = getattr(args, "providers", (registry.DEFAULT.name,))
     # X-Hub's secret is ingest's own requirement; the API key only for a provider with an API.
     if not settings.webhook_secrets or (
         not settings.xhub_api_key and any(registry.has_payment_api(p) for p in providers)
