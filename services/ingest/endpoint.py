@@ -89,13 +89,10 @@ async def receive_webhook(request: web.Request, provider: Provider) -> web.Respo
     if answer.status in (400, 413):  # X-Hub drops a non-money event answered 4xx: say why
         fields["error"] = answer.payload["error"]
     if (signed := answer.signed) is not None:
-        evidence = provider.name == metrics.evidence_provider
-        if evidence:
-            metrics.signed_with(signed.secret_index).inc()
+        metrics.signed_with(signed.secret_index, provider.name).inc()
         fields["secret_index"] = signed.secret_index
         if signed.clock_skew_s is not None:
-            if evidence:
-                metrics.clock_skew.observe(signed.clock_skew_s)
+            metrics.skew(provider.name).observe(signed.clock_skew_s)
             fields["clock_skew_s"] = round(signed.clock_skew_s, 3)
     refusals = request.app.get(REFUSALS)
     if (answer.status == 401 or answer.status >= 500) and refusals is not None:
