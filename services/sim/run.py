@@ -216,6 +216,13 @@ async def _check(
         await pool.close()
     for payment_id, why in sorted(problems.items()):
         _out(f"MISMATCH {payment_id}: {why}")
+    states = dict(sorted(Counter(a["status"] for a in actual.values()).items()))
+    points = sum(a["bonus"] for a in actual.values())
+    emails = Counter(template for a in actual.values() for template in a["emails"])
+    _out(
+        f"check: {len(payment_ids) - len(problems)}/{len(payment_ids)} payments as expected;"
+        f" final states {states}; bonus points {points}; emails {emails.total()}"
+    )
     providers = {e.payment_id: e.provider for e in summary.expectations}
     if len(set(providers.values())) > 1:
         right = Counter(providers[p] for p in payment_ids if p not in problems)
@@ -224,13 +231,6 @@ async def _check(
             "check per provider: "
             + ", ".join(f"{name} {right[name]}/{n}" for name, n in sorted(every.items()))
         )
-    states = dict(sorted(Counter(a["status"] for a in actual.values()).items()))
-    points = sum(a["bonus"] for a in actual.values())
-    emails = Counter(template for a in actual.values() for template in a["emails"])
-    _out(
-        f"check: {len(payment_ids) - len(problems)}/{len(payment_ids)} payments as expected;"
-        f" final states {states}; bonus points {points}; emails {emails.total()}"
-    )
     try:
         async with broker(settings) as (channel, topology):
             dead = {work.dlq: await dlq.depth(channel, work.dlq) for work in topology.work.values()}

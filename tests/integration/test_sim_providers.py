@@ -8,17 +8,24 @@ from __future__ import annotations
 import argparse
 import base64
 import re
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from aiohttp.test_utils import TestClient
 
 from bench.processes import free_port
+from services.ingest.app import create_app
 from services.sim import run as sim_run
+from shared.amqp.broker import BROKER
 from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.errors import EXIT_OK
-from tests.conftest import SmtpSink
+from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.integration.system import start_system
+from tests.integration.test_cli_send import printed_headers, send
+from tests.integration.test_dlq import new_id
 
 API_KEY = "sim-provider-key"
 STANDARD_SECRETS = "whsec_" + base64.b64encode(b"payhooks sim standard key").decode()
@@ -119,3 +126,39 @@ async def test_lost_standard_webhooks_are_expected_missing_no_api_repairs_them(
     assert int(counts["LOST"]) > 0  # some were lost, and the check still holds: none to repair
     assert counts["needs_repair"] == "0"
     assert _table(out)["dead letters"] == "orders.dlq 0, bonuses.dlq 0, emails.dlq 0"
+
+
+async def test_send_provider_standard_posts_an_envelope_ingest_verifies_and_stores(
+    aiohttp_client: Any, make_settings: Any, amqp: Any, db: Any, tmp_path: Path
+) -> None:
+    settings: Settings = make_settings(STANDARD_WEBHOOK_SECRETS=STANDARD_SECRETS)
+    app = create_app(settings)
+    ingest: TestClient = await aiohttp_client(app)
+    await app[BROKER].wait_connected(10)
+    payment_id, event_id = new_id("pay"), new_id("msg")
+    env = {
+        "XHUB_WEBHOOK_SECRETS": ",".join(TEST_SECRETS),
+        "STANDARD_WEBHOOK_SECRETS": STANDARD_SECRETS,
+        "INGEST_PORT": str(ingest.port),
+    }
+    args = ("--provider", "standard", "--payment-id", payment_id, "--event-id", event_id)
+
+    code, out, err = await send(tmp_path, *args, **env)
+
+    assert code == 0, err
+    assert out.startswith(f"> POST http://127.0.0.1:{ingest.port}/webhooks/standard\n")
+    headers = printed_headers(out)
+    assert headers["webhook-id"] == event_id
+    assert headers["webhook-signature"].startswith("v1,")
+    assert out.splitlines()[-2:] == ["< 200 OK", '< {"status":"accepted"}']
+    row = await db.fetchrow(
+        "SELECT body FROM inbox WHERE provider = 'standard' AND event_id = $1", event_id
+    )
+    stored = orjson.loads(row["body"])
+    assert stored["type"] == "payment.status_changed"
+    assert stored["data"]["payment_id"] == payment_id
+    # Without the provider's secret it says which variable it needs.
+    no_secret = {k: v for k, v in env.items() if k != "STANDARD_WEBHOOK_SECRETS"}
+    code, _, err = await send(tmp_path, *args, **no_secret)
+    assert code == 2
+    assert "STANDARD_WEBHOOK_SECRETS" in err
