@@ -15,11 +15,11 @@ help:
 	@echo "make test     - ruff format --check, ruff check, mypy, pytest (what CI runs)"
 	@echo "make lint     - ruff and mypy only"
 	@echo "make bench    - ingest benchmark: batched accept path vs the naive baseline"
-	@echo "make demo     - the whole system plus the X-Hub simulator (300 payments), checked"
+	@echo "make demo     - the whole system plus the simulator (300 payments per provider; PROVIDERS=xhub,standard), checked"
 	@echo "make bench-vs-prototype - ingest beside the handbook's reference prototype (needs wrk)"
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 	@echo "make bench-copies - bench.workers, bench.ingest and one quorum queue: single node vs cluster"
-	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail"
+	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail (CHAOS_PROVIDERS=xhub,standard)"
 	@echo "make soak     - MINUTES (30) at half the measured capacity, watched for growth"
 	@echo "make cluster-up   - 3 RabbitMQ nodes + PostgreSQL primary/sync standby on private ports"
 	@echo "make cluster-down - remove them (nodes, clusters, files)"
@@ -101,7 +101,7 @@ bench-copies: install
 # PostgreSQL cluster of its own (tests/private_servers.py), which it stops, kills and restarts
 # and removes at the end; the machine's shared servers are never touched. About 30 minutes.
 chaos: install
-	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),)
+	$(PY) -m tests.chaos $(if $(ROUNDS),--rounds $(ROUNDS),) $(if $(CHAOS_PROVIDERS),--provider $(CHAOS_PROVIDERS),)
 
 MINUTES ?= 30
 soak: install
@@ -129,8 +129,10 @@ chaos-cluster: install
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-# See it work: the whole system plus the X-Hub simulator driving 300 payments with duplicates,
-# reordering and lost webhooks, then a check of every payment (scripts/demo.sh says how). Own
-# database and queue prefix; dependencies checked first, every wait bounded.
+# See it work: the whole system plus the simulator driving 300 payments per provider with
+# duplicates, reordering and lost webhooks, then a check of every payment (scripts/demo.sh says
+# how). PROVIDERS=xhub,standard: a mixed storm (payments dealt round-robin). Own database and
+# queue prefix; dependencies checked first, every wait bounded.
+PROVIDERS ?= xhub
 demo: install
-	@BIN=$(BIN) bash scripts/demo.sh
+	@BIN=$(BIN) PROVIDERS=$(PROVIDERS) bash scripts/demo.sh

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# `make demo`: the whole system (`payhooks run all`) plus the X-Hub simulator driving 300
-# payments with duplicates, reordering and lost webhooks (repaired by the reconciler against
-# the simulator's API), then a check of every payment against what payhooks did.
-# Own database (payhooks_demo on DATABASE_URL's server) and queue prefix (demo.).
+# `make demo`: the whole system (`payhooks run all`) plus the simulator driving 300 payments per
+# provider (PROVIDERS, comma-separated, default xhub; xhub,standard: a mixed storm, payments
+# dealt round-robin) with duplicates, reordering and lost webhooks (X-Hub's repaired by the
+# reconciler against the simulator's API; a provider without an API is expected where its sent
+# webhooks bring it), then a check of every payment against what payhooks did.
+# Own database (payhooks_demo on DATABASE_URL's server) and queue prefix (demo.); DEMO_NAME
+# (default demo) names both and the output files, DEMO_PORT_OFFSET moves every port, so a
+# second demo can run beside another's.
 # Nothing waits unbounded: PostgreSQL and RabbitMQ are checked first (scripts/preflight.py),
 # the services get DEMO_READY_TIMEOUT seconds to be ready, the simulator DEMO_SIM_TIMEOUT;
 # whatever this script started is stopped when it ends, however it ends.
@@ -12,9 +16,16 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 READY_TIMEOUT=${DEMO_READY_TIMEOUT:-60}
 SIM_TIMEOUT=${DEMO_SIM_TIMEOUT:-300}
-SERVICE_PORTS=(8080 8081 9101 9102 9103 9104)  # ingest, api, orders, bonuses, email, reconciler
-SIM_PORT=8090
-LOG=demo.log
+PROVIDERS=${PROVIDERS:-xhub}
+PER_PROVIDER=${DEMO_PAYMENTS:-300}
+NAME=${DEMO_NAME:-demo}
+OFFSET=${DEMO_PORT_OFFSET:-0}
+SERVICE_PORTS=()  # ingest, api, orders, bonuses, email, reconciler
+for port in 8080 8081 9101 9102 9103 9104; do SERVICE_PORTS+=($((port + OFFSET))); done
+SIM_PORT=$((8090 + OFFSET))
+LOG=$NAME.log
+IFS=, read -ra provider_list <<<"$PROVIDERS"
+PAYMENTS=$((PER_PROVIDER * ${#provider_list[@]}))
 
 command -v curl >/dev/null || { echo "payhooks demo: needs curl" >&2; exit 1; }
 
@@ -24,15 +35,17 @@ import os, sys, urllib.parse
 sys.path.insert(0, ".")
 from shared.config import Settings
 url = Settings.from_env({k: os.environ[k] for k in ["DATABASE_URL"] if k in os.environ}).database_url
-print(urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/payhooks_demo")))')
+print(urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/payhooks_" + sys.argv[1])))' "$NAME")
 # The reconciler's timings are a few hundred times shorter than production's, so its questions
 # come that much more often: the provider-call budget (XHUB_API_RATE) grows with them.
-export DATABASE_URL AMQP_PREFIX=demo. LOG_LEVEL=WARNING \
+# Standard Webhooks' secret is whsec_ + base64 of the key ("demo-standard-secret").
+export DATABASE_URL AMQP_PREFIX=$NAME. LOG_LEVEL=WARNING \
     XHUB_WEBHOOK_SECRETS=demo-secret ADMIN_TOKEN=demo-admin-token \
+    STANDARD_WEBHOOK_SECRETS=whsec_ZGVtby1zdGFuZGFyZC1zZWNyZXQ= \
     XHUB_API_URL=http://127.0.0.1:$SIM_PORT XHUB_API_KEY=demo-provider-key \
     RECONCILE_INTERVAL=2 RECONCILE_AFTER=3 XHUB_API_RATE=100 RETRY_DELAYS=0.5,1,2 \
-    INGEST_PORT=8080 API_PORT=8081 ORDERS_PORT=9101 BONUSES_PORT=9102 EMAIL_PORT=9103 \
-    RECONCILER_PORT=9104
+    INGEST_PORT=${SERVICE_PORTS[0]} API_PORT=${SERVICE_PORTS[1]} ORDERS_PORT=${SERVICE_PORTS[2]} \
+    BONUSES_PORT=${SERVICE_PORTS[3]} EMAIL_PORT=${SERVICE_PORTS[4]} RECONCILER_PORT=${SERVICE_PORTS[5]}
 
 "$BIN/python" scripts/preflight.py --port "$SIM_PORT"
 
@@ -47,7 +60,8 @@ async def drop() -> None:
     admin = urllib.parse.urlsplit(os.environ["DATABASE_URL"])._replace(path="/postgres")
     conn = await asyncpg.connect(urllib.parse.urlunsplit(admin), timeout=10)
     try:
-        await conn.execute("DROP DATABASE IF EXISTS payhooks_demo WITH (FORCE)")
+        name = urllib.parse.urlsplit(os.environ["DATABASE_URL"]).path.lstrip("/")
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
 
@@ -95,22 +109,22 @@ for port in "${SERVICE_PORTS[@]}"; do
     done
 done
 
-sim=("$BIN/payhooks" sim --payments 300 --duplicates 0.1 --reorder 0.2 --lost 0.03
+sim=("$BIN/payhooks" sim --provider "$PROVIDERS" --api-port "$SIM_PORT" --payments "$PAYMENTS" --duplicates 0.1 --reorder 0.2 --lost 0.03
     --concurrency 10 --linger 10 --check)
 if command -v timeout >/dev/null; then
     sim=(timeout --foreground "$SIM_TIMEOUT" "${sim[@]}")  # Ctrl-C reaches the simulator
 fi
 status=0
-"${sim[@]}" >demo-summary.txt || status=$?
+"${sim[@]}" >"$NAME-summary.txt" || status=$?
 
 for port in "${SERVICE_PORTS[@]}"; do
     echo "# localhost:$port/metrics"
     curl -sf --max-time 5 "localhost:$port/metrics" | grep '^payhooks_' || true
-done >demo-metrics.txt
+done >"$NAME-metrics.txt"
 
-head -n 1 demo-summary.txt || true
-grep '^MISMATCH' demo-summary.txt || true
-sed -n '/^check:/,$p' demo-summary.txt
+head -n 1 "$NAME-summary.txt" || true
+grep '^MISMATCH' "$NAME-summary.txt" || true
+sed -n '/^check:/,$p' "$NAME-summary.txt"
 if ((status == 124)); then
     echo "payhooks demo: the simulator did not finish within $SIM_TIMEOUT s" >&2
 fi
@@ -123,13 +137,13 @@ if grep -q ' exited with .*; restarting' "$LOG"; then
 fi
 show_url=$DATABASE_URL
 if [[ $("$BIN/python" -c 'import sys, urllib.parse; print(urllib.parse.urlsplit(sys.argv[1]).password or "")' "$DATABASE_URL") ]]; then
-    show_url="<DATABASE_URL with database payhooks_demo>"
+    show_url="<DATABASE_URL with database payhooks_$NAME>"
 fi
 echo
 echo "where to look:"
-echo "  demo-summary.txt  every delivery and payment with its expected outcome"
-echo "  demo-metrics.txt  /metrics of every service at the end (payhooks_* series)"
+echo "  $NAME-summary.txt  every delivery and payment with its expected outcome"
+echo "  $NAME-metrics.txt  /metrics of every service at the end (payhooks_* series)"
 echo "  $LOG          the services' logs"
-echo "  one payment:      DATABASE_URL=$show_url AMQP_PREFIX=demo. $BIN/payhooks payment show <id>"
-echo "  live:             make run, then curl localhost:8080/metrics (ingest), localhost:8081/metrics (queues, DLQs)"
+echo "  one payment:      DATABASE_URL=$show_url AMQP_PREFIX=$NAME. $BIN/payhooks payment show <id>"
+echo "  live:             make run, then curl localhost:${SERVICE_PORTS[0]}/metrics (ingest), localhost:${SERVICE_PORTS[1]}/metrics (queues, DLQs)"
 exit "$status"

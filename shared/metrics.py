@@ -4,7 +4,7 @@ spelled here; a labelled counter exports its known label values at 0 from the st
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -95,6 +95,22 @@ def _counter(
     return counter
 
 
+def _secret_matched(registry: CollectorRegistry, secrets: Mapping[str, int]) -> Counter:
+    """payhooks_webhook_secret_matched{provider, secret_index}: each configured index at 0."""
+    counter = Counter(
+        "payhooks_webhook_secret_matched",
+        "Authentically signed webhooks, by provider and the position of the matching secret"
+        " in its secrets variable (XHUB_WEBHOOK_SECRETS, STANDARD_WEBHOOK_SECRETS, ...;"
+        " 0 = the first).",
+        ["provider", "secret_index"],
+        registry=registry,
+    )
+    for provider, count in secrets.items():
+        for index in range(count):
+            counter.labels(provider=provider, secret_index=str(index))
+    return counter
+
+
 SHED_REASONS = ("predicted_wait", "pending_cap")
 WEBHOOK_OUTCOMES = (
     "accepted",
@@ -124,35 +140,41 @@ class IngestMetrics:
     # webhooks_received's children by provider, then outcome, looked up once (labels() on
     # every request costs more than the increment).
     received: dict[str, dict[str, Counter]] = field(default_factory=dict)
-    _signed_with: dict[int, Counter] = field(default_factory=dict)
-    # Whose signed deliveries feed clock_skew and secret_matched (their help names
-    # X-Hub's header and variable); every provider's are in the log line.
-    evidence_provider: str = PROVIDER
+    _signed_with: dict[tuple[str, int], Counter] = field(default_factory=dict)
+    _skew: dict[str, Histogram] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for provider in self.providers:
+            self.skew(provider)  # exported (empty) from the start
             self.received[provider] = {
                 outcome: self.webhooks_received.labels(provider=provider, outcome=outcome)
                 for outcome in WEBHOOK_OUTCOMES
             }
 
-    def signed_with(self, secret_index: int) -> Counter:
-        counter = self._signed_with.get(secret_index)
+    def signed_with(self, secret_index: int, provider: str = PROVIDER) -> Counter:
+        counter = self._signed_with.get((provider, secret_index))
         if counter is None:
-            counter = self.secret_matched.labels(secret_index=str(secret_index))
-            self._signed_with[secret_index] = counter
+            counter = self.secret_matched.labels(provider=provider, secret_index=str(secret_index))
+            self._signed_with[provider, secret_index] = counter
         return counter
+
+    def skew(self, provider: str = PROVIDER) -> Histogram:
+        histogram = self._skew.get(provider)
+        if histogram is None:
+            histogram = self._skew[provider] = self.clock_skew.labels(provider=provider)
+        return histogram
 
     @classmethod
     def create(
         cls,
         registry: CollectorRegistry | None = None,
         *,
-        secrets: int = 0,
+        secrets: int | Mapping[str, int] = 0,
         providers: tuple[str, ...] = (PROVIDER,),
     ) -> IngestMetrics:
-        """`secrets`: how many X-Hub webhook secrets are configured (each index exported at 0);
-        `providers`: those with a route."""
+        """`secrets`: how many webhook secrets each provider has (each index exported at 0;
+        a number: X-Hub's); `providers`: those with a route."""
+        counts = {PROVIDER: secrets} if isinstance(secrets, int) else dict(secrets)
         registry = registry or new_registry()
         return cls(
             registry=registry,
@@ -188,19 +210,13 @@ class IngestMetrics:
             ),
             clock_skew=Histogram(
                 "payhooks_webhook_clock_skew_seconds",
-                "Our clock minus X-Webhook-Timestamp of authentically signed webhooks (stale"
-                " ones included); negative: the timestamp is in our future.",
+                "Our clock minus the signed timestamp header of authentically signed webhooks"
+                " (stale ones included), by provider; negative: the timestamp is in our future.",
+                ["provider"],
                 buckets=_CLOCK_SKEW_BUCKETS,
                 registry=registry,
             ),
-            secret_matched=_counter(
-                "payhooks_webhook_secret_matched",
-                "Authentically signed webhooks, by the position of the matching secret in"
-                " XHUB_WEBHOOK_SECRETS (0 = the first).",
-                registry,
-                "secret_index",
-                (str(i) for i in range(secrets)),
-            ),
+            secret_matched=_secret_matched(registry, counts),
             shed=_counter(
                 "payhooks_ingest_shed",
                 "Webhooks answered 503 at once by admission (also counted unavailable): their"

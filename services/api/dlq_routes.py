@@ -87,8 +87,9 @@ async def list_dlqs(request: web.Request) -> web.Response:
 
 
 async def show_dlq(request: web.Request) -> web.Response:
-    """`GET /api/dlq/{queue}?limit=N&cursor=C`: a page of its messages and the cursor of the
-    next one; `offset=N` instead of `cursor` is deprecated."""
+    """`GET /api/dlq/{queue}?limit=N&cursor=C[&provider=P]`: a page of its messages (only
+    those from P's webhooks, with `provider`; `total` counts those) and the cursor of the next
+    one; `offset=N` instead of `cursor` is deprecated."""
     queue = _queue(request)
     if queue is None:
         return problem(404, "not_found", f"no such DLQ; one of {', '.join(dlq.QUEUES)}")
@@ -112,6 +113,8 @@ async def show_dlq(request: web.Request) -> web.Response:
             return problem(400, "invalid_request", str(e))
     async with request.app[DLQ_ACCESS].channel() as channel:
         letters = await dlq.show(channel, queue)
+    if provider := query.get("provider"):  # whose webhooks (the cursor resumes within them)
+        letters = [letter for letter in letters if letter.provider == provider]
     start = offset if cursor is None else _resume(letters, *cursor)
     page = letters[start : start + limit]
     more = start + len(page) < len(letters)

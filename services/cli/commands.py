@@ -163,11 +163,22 @@ async def dlq_list(settings: Settings, args: argparse.Namespace) -> int:
 async def dlq_show(settings: Settings, args: argparse.Namespace) -> int:
     async with broker(settings) as (channel, topology):
         letters = await dlq.show(channel, dlq.dlq_name(topology, args.queue))
+    if getattr(args, "provider", None):
+        letters = [d for d in letters if d.provider == args.provider]
     shown = letters[: args.limit] if args.limit else letters
     if args.json:
         _print_json({"messages": [d.as_json() for d in shown], "total": len(letters)})
     else:
-        columns = ["id", "event", "payment_id", "reason", "attempts", "last_failed_at", "error"]
+        columns = [
+            "id",
+            "event",
+            "payment_id",
+            "reason",
+            "provider",
+            "attempts",
+            "last_failed_at",
+            "error",
+        ]
         table(columns, [[d.as_json()[c] for c in columns] for d in shown])
         print(f"\n{len(shown)} of {len(letters)} message(s) shown")
     return EXIT_OK  # it showed what is there, nothing included
@@ -182,7 +193,7 @@ async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
     if selection.says_nothing:
         return _fail(
             "say what to requeue: --id ID, --all, or a filter (--reason, --event-type,"
-            " --payment-id, --since, --until)",
+            " --payment-id, --provider, --since, --until)",
             EXIT_USAGE,
         )
     progress = Progress("requeued")

@@ -15,14 +15,16 @@ from shared.ops.connections import broker, database
 from shared.ops.console import table
 from shared.ops.dlq import DeadLetter
 from shared.ops.inbox_view import BadQueryError, EventQuery
+from shared.providers import registry
 
-COLUMNS = ["received_at", "event_id", "event", "payment_id", "duplicates", "outcome"]
+COLUMNS = ["received_at", "event_id", "provider", "event", "payment_id", "duplicates", "outcome"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     event = parser.add_subparsers(dest="subcommand", required=True)
     listing = event.add_parser("list", help="webhooks in the inbox, newest first, filtered")
     listing.add_argument("--payment-id")
+    listing.add_argument("--provider", help="whose webhooks, e.g. xhub, standard")
     listing.add_argument("--event", help="event type, e.g. refund.failed")
     listing.add_argument(
         "--outcome", help=f"one of {', '.join(inbox_view.OUTCOME_GROUPS)}, or a decision"
@@ -35,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.set_defaults(handler=event_list)
     show = event.add_parser("show", help="one webhook: headers, body, outcome, dead letters")
     show.add_argument("event_id")
+    show.add_argument(
+        "--provider",
+        default=None,
+        help="whose event (ids are unique per provider only; default xhub)",
+    )
     show.add_argument("--json", action="store_true")
     show.set_defaults(handler=event_show)
 
@@ -53,6 +60,7 @@ async def event_list(settings: Settings, args: argparse.Namespace) -> int:
             until=args.until,
             cursor=args.cursor,
             limit=args.limit,
+            provider=args.provider,
         )
     except BadQueryError as e:
         print(f"payhooks: --{e.name.replace('_', '-')} {e.why}", file=sys.stderr)
@@ -77,10 +85,16 @@ async def event_show(settings: Settings, args: argparse.Namespace) -> int:
         async with broker(settings) as (channel, topology):
             return await inbox_view.dead_letters_for_event(channel, topology, event_id)
 
+    try:
+        provider = inbox_view.provider_name(args.provider or registry.DEFAULT.name)
+    except BadQueryError as e:
+        print(f"payhooks: --{e.name} {e.why}", file=sys.stderr)
+        return EXIT_USAGE
     async with database(settings) as conn:
-        view = await inbox_view.event_view(conn, args.event_id, dead_letters)
+        view = await inbox_view.event_view(conn, args.event_id, dead_letters, provider)
     if view is None:
-        print(f"payhooks: event {args.event_id} is not in the inbox", file=sys.stderr)
+        whose = "" if provider == registry.DEFAULT.name else f"{provider} "
+        print(f"payhooks: {whose}event {args.event_id} is not in the inbox", file=sys.stderr)
         return EXIT_NOTHING
     if "dead_letters_unavailable" in view:
         print(
@@ -91,6 +105,7 @@ async def event_show(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
     print(
         f"event {view['event_id']}  {view['event']}  payment {view['payment_id'] or '-'}"
+        f"  provider {view['provider']}"
         f"  received {view['received_at']}  duplicates {view['duplicates']}"
         f" (last {view['last_seen_at']})\noutcome: {view['outcome']}"
     )

@@ -48,7 +48,8 @@ def endpoint_app(settings: Settings) -> web.Application:
     the naive benchmark baseline's."""
     providers = configured(settings.provider_secrets)
     metrics = IngestMetrics.create(
-        secrets=len(settings.webhook_secrets), providers=tuple(p.name for p in providers)
+        secrets={p.name: len(settings.provider_secrets[p.name]) for p in providers},
+        providers=tuple(p.name for p in providers),
     )
     # Raw bodies: the signature covers the exact bytes received, so a `Content-Encoding:
     # gzip` body is checked (and stored) as sent, and then is no JSON (400), never inflated.

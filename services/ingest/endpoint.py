@@ -90,13 +90,10 @@ async def receive_webhook(request: web.Request, provider: Provider) -> web.Respo
     if answer.status in (400, 413):  # X-Hub drops a non-money event answered 4xx: say why
         fields["error"] = answer.payload["error"]
     if (signed := answer.signed) is not None:
-        evidence = provider.name == metrics.evidence_provider
-        if evidence:
-            metrics.signed_with(signed.secret_index).inc()
+        metrics.signed_with(signed.secret_index, provider.name).inc()
         fields["secret_index"] = signed.secret_index
         if signed.clock_skew_s is not None:
-            if evidence:
-                metrics.clock_skew.observe(signed.clock_skew_s)
+            metrics.skew(provider.name).observe(signed.clock_skew_s)
             fields["clock_skew_s"] = round(signed.clock_skew_s, 3)
     given_id = answer.event_id  # a body's id, verified (a 5xx's); else the id header's
     if given_id is None and provider.id_header is not None:

@@ -1,4 +1,6 @@
-"""The simulator's deliverer: signs webhooks and POSTs them the way X-Hub does, every decision
+"""The simulator's deliverer: encodes and signs each webhook as its provider does (the
+registry's `Provider.encode` and `signed_headers`) and POSTs it to that provider's route, every
+decision (X-Hub's retry ladders and breaker, for every provider)
 from delivery_rules on a simulated clock (real seconds * time_scale); the 10 s HTTP timeout
 of an attempt stays real time. When a merchant's circuit breaker closes, every delivery it
 held goes at once (seed 000: "очередь разбирается целиком"), each attempt timed from then."""
@@ -9,13 +11,12 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, Protocol
 
 import aiohttp
-import orjson
 
 from services.sim.delivery_rules import (
     HOLD_RETRY_S,
@@ -29,8 +30,8 @@ from services.sim.delivery_rules import (
     is_money_event,
     next_action,
 )
-from shared.providers.xhub import WEBHOOK_PATH
-from shared.providers.xhub.signatures import signed_headers
+from shared.providers import registry
+from shared.providers.base import Provider
 
 TIMEOUT_S: Final = 10.0
 
@@ -50,11 +51,14 @@ class Result(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimWebhook:
-    """One event as X-Hub sends it: the id stays the same across attempts and duplicates."""
+    """One event: the id stays the same across attempts and duplicates. `payload` is the
+    canonical event (X-Hub's body shape); `provider` names who sends it and so how it is
+    encoded and signed on the wire."""
 
     event_id: str
     merchant_id: str
     payload: dict[str, Any]
+    provider: str = registry.DEFAULT.name
 
     @property
     def event_type(self) -> str:
@@ -79,6 +83,7 @@ class DeliveryRecord:
     merchant_id: str
     event_type: str
     status: str | None
+    provider: str = registry.DEFAULT.name
     copy: int = 0  # 0 the original, 1.. duplicates
     result: Result | None = None
     attempts: int = 0
@@ -93,6 +98,7 @@ class DeliveryRecord:
     def as_json(self) -> dict[str, Any]:
         return {
             "event_id": self.event_id,
+            "provider": self.provider,
             "payment_id": self.payment_id,
             "merchant_id": self.merchant_id,
             "event": self.event_type,
@@ -144,6 +150,22 @@ class _Backlog:
             _wake(woken)
 
 
+def _playable(name: str) -> Provider:
+    """The registry's provider `name`, which must offer an encoder and a signer."""
+    provider = registry.BY_NAME.get(name)
+    if provider is None or provider.encode is None or provider.signed_headers is None:
+        raise ValueError(f"the simulator cannot send as provider {name!r}")
+    return provider
+
+
+def playable_providers() -> tuple[str, ...]:
+    """The providers the simulator (and `payhooks send`) can play: those whose adapter offers
+    `encode` and `signed_headers`."""
+    return tuple(
+        p.name for p in registry.PROVIDERS if p.encode is not None and p.signed_headers is not None
+    )
+
+
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -153,13 +175,17 @@ class Deliverer:
     """Delivers webhooks concurrently: at most `concurrency` requests in flight, except the
     backlog a closing breaker releases, which goes at once. `breakers_open`: every merchant's
     breaker starts open (as after an outage of the endpoint), so every delivery is held until
-    its merchant's probe passes after the 5-minute pause, and then delivered at once."""
+    its merchant's probe passes after the 5-minute pause, and then delivered at once.
+
+    `secret` signs X-Hub's webhooks; `keys` holds the key (as the provider's parse_secrets
+    gives it) of every other provider the webhooks name."""
 
     def __init__(
         self,
         ingest_url: str,
         secret: bytes,
         *,
+        keys: Mapping[str, bytes] | None = None,
         time_scale: float = 1.0,
         timeout_s: float = TIMEOUT_S,
         concurrency: int = 10,
@@ -171,8 +197,9 @@ class Deliverer:
             raise ValueError("time_scale must be greater than 0")
         if concurrency < 1:
             raise ValueError("concurrency must be 1 or more")
-        self.url = ingest_url.rstrip("/") + WEBHOOK_PATH
-        self.secret = secret
+        self.ingest_url = ingest_url.rstrip("/")
+        self.url = self.ingest_url + registry.DEFAULT.webhook_path
+        self.keys = {registry.DEFAULT.name: secret, **(keys or {})}
         self.time_scale = time_scale
         self.timeout_s = timeout_s
         self.breakers: dict[str, CircuitBreaker] = {}
@@ -242,9 +269,12 @@ class Deliverer:
             merchant_id=webhook.merchant_id,
             event_type=webhook.event_type,
             status=webhook.status,
+            provider=webhook.provider,
             copy=copy,
         )
-        body = orjson.dumps(webhook.payload)
+        provider = _playable(webhook.provider)
+        assert provider.encode is not None
+        body = provider.encode(webhook.event_id, webhook.payload)
         state = DeliveryState(
             created_at=self.now(), money=is_money_event(webhook.event_type, webhook.status)
         )
@@ -261,7 +291,7 @@ class Deliverer:
                     record.result, record.reason = Result.FAILED, reason
                     return record
                 continue
-            code = await self._attempt(webhook.event_id, body, at_once=released)
+            code = await self._attempt(provider, webhook.event_id, body, at_once=released)
             released = False
             record.http_statuses.append(code)
             record.answered_at.append(self._wall_clock())
@@ -282,20 +312,27 @@ class Deliverer:
             assert decision.at is not None
             await self._sleep_until(decision.at)
 
-    async def _attempt(self, event_id: str, body: bytes, *, at_once: bool = False) -> int | None:
+    async def _attempt(
+        self, provider: Provider, event_id: str, body: bytes, *, at_once: bool = False
+    ) -> int | None:
         """One signed POST; its HTTP status, or None for a network error or timeout.
         `at_once`: part of a released backlog, not held back by the concurrency limit."""
         async with contextlib.nullcontext() if at_once else self._semaphore:
-            return await self._post(event_id, body)
+            return await self._post(provider, event_id, body)
 
-    async def _post(self, event_id: str, body: bytes) -> int | None:
+    async def _post(self, provider: Provider, event_id: str, body: bytes) -> int | None:
         if self._session is None:
             raise RuntimeError("use the Deliverer as an async context manager")
-        headers = signed_headers(self.secret, event_id, body, self._wall_clock())
+        key = self.keys.get(provider.name)
+        if key is None:
+            raise ValueError(f"the deliverer has no key for provider {provider.name!r}")
+        assert provider.signed_headers is not None
+        headers = provider.signed_headers(key, event_id, body, self._wall_clock())
+        url = self.ingest_url + provider.webhook_path
         if self._sender is not None:
-            return await self._sender(self.url, headers, body)
+            return await self._sender(url, headers, body)
         try:
-            async with self._session.post(self.url, data=body, headers=headers) as response:
+            async with self._session.post(url, data=body, headers=headers) as response:
                 await response.read()
                 return response.status
         except (TimeoutError, aiohttp.ClientError, OSError):

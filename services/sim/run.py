@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import sys
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ import orjson
 
 from services.sim import burst, scenario
 from services.sim.api import PaymentBook, start_api
-from services.sim.deliverer import TIMEOUT_S, Deliverer
+from services.sim.deliverer import TIMEOUT_S, Deliverer, playable_providers
 from services.sim.summary import Summary, actual_effects, mismatches, summarize
 from shared.config import ConfigError, Settings
 from shared.db import create_pool
@@ -23,6 +24,7 @@ from shared.errors import EXIT_OK, EXIT_USAGE
 from shared.ops import dlq
 from shared.ops.connections import UnreachableError, broker
 from shared.ops.console import table
+from shared.providers import registry
 from shared.queries import orders as orders_sql
 
 EXIT_FAILED = 1  # some delivery ended FAILED
@@ -41,7 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ingest-url", default=None, help="default http://127.0.0.1:INGEST_PORT")
     parser.add_argument("--api-host", default="127.0.0.1")
     parser.add_argument("--api-port", type=int, default=8090, help="fake payments API port")
-    parser.add_argument("--payments", type=int, default=100)
+    parser.add_argument(
+        "--provider",
+        "--providers",
+        dest="providers",
+        type=_providers,
+        default=(registry.DEFAULT.name,),
+        help=f"who sends the webhooks, comma-separated for a mixed storm (payments dealt"
+        f" round-robin), of {', '.join(playable_providers())} (default %(default)s)",
+    )
+    parser.add_argument(
+        "--payments", type=int, default=100, help="in all, split among the providers"
+    )
     parser.add_argument("--duplicates", type=float, default=0.1, help="duplicate rate 0-1")
     parser.add_argument("--reorder", type=float, default=0.2, help="reorder rate 0-1")
     parser.add_argument(
@@ -79,6 +92,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _providers(raw: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    unknown = [n for n in names if n not in playable_providers()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"must be some of {', '.join(playable_providers())}; unknown: {', '.join(unknown)}"
+        )
+    return names
+
+
+def sim_keys(settings: Settings, providers: Sequence[str]) -> dict[str, bytes] | str:
+    """The key each provider signs with (its first configured secret, as a sender signs with
+    the newest), or what is missing."""
+    keys = {}
+    for name in providers:
+        secrets = settings.provider_secrets.get(name) or ()
+        if not secrets:
+            return f"{registry.BY_NAME[name].secrets_variable} is required for --provider {name}"
+        keys[name] = secrets[0]
+    return keys
+
+
 def _flows(raw: str) -> dict[str, float]:
     try:
         pairs = [part.split("=", 1) for part in raw.split(",") if part.strip()]
@@ -89,8 +124,16 @@ def _flows(raw: str) -> dict[str, float]:
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
     """The `payhooks sim` handler (services.cli.main's Command signature)."""
-    if not settings.webhook_secrets or not settings.xhub_api_key:
+    providers: tuple[str, ...] = getattr(args, "providers", (registry.DEFAULT.name,))
+    # X-Hub's secret is ingest's own requirement; the API key only for a provider with an API.
+    if not settings.webhook_secrets or (
+        not settings.xhub_api_key and any(registry.has_payment_api(p) for p in providers)
+    ):
         _err("payhooks sim: XHUB_WEBHOOK_SECRETS and XHUB_API_KEY are required")
+        return EXIT_USAGE
+    keys = sim_keys(settings, providers)
+    if isinstance(keys, str):
+        _err(f"payhooks sim: {keys}")
         return EXIT_USAGE
     try:
         config = scenario.ScenarioConfig(
@@ -102,6 +145,7 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
             merchants=args.merchants,
             seed=args.seed,
             prefix=f"sim{int(time.time())}",  # a re-run (even with --seed) gets fresh ids
+            providers=providers,
             **({"flows": args.flows} if args.flows else {}),
         )
     except ValueError as e:
@@ -111,7 +155,8 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
     plan = scenario.generate(config)
     book = PaymentBook()
     scenario.publish_to_api(plan, book)
-    runner, api_url = await start_api(book, settings.xhub_api_key, args.api_host, args.api_port)
+    api_key = settings.xhub_api_key or secrets.token_hex(16)  # no API provider: never asked
+    runner, api_url = await start_api(book, api_key, args.api_host, args.api_port)
     try:
         _err(f"payhooks sim: payments API at {api_url}")
         pool = await create_pool(settings.database_url)
@@ -122,6 +167,7 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
         async with Deliverer(
             ingest_url,
             settings.webhook_secrets[0],
+            keys=keys,
             time_scale=args.time_scale,
             timeout_s=args.timeout,
             concurrency=config.concurrency,
@@ -177,6 +223,14 @@ async def _check(
         f"check: {len(payment_ids) - len(problems)}/{len(payment_ids)} payments as expected;"
         f" final states {states}; bonus points {points}; emails {emails.total()}"
     )
+    providers = {e.payment_id: e.provider for e in summary.expectations}
+    if len(set(providers.values())) > 1:
+        right = Counter(providers[p] for p in payment_ids if p not in problems)
+        every = Counter(providers[p] for p in payment_ids)
+        _out(
+            "check per provider: "
+            + ", ".join(f"{name} {right[name]}/{n}" for name, n in sorted(every.items()))
+        )
     try:
         async with broker(settings) as (channel, topology):
             dead = {work.dlq: await dlq.depth(channel, work.dlq) for work in topology.work.values()}

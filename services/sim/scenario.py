@@ -8,7 +8,13 @@ before a `refunded`, the `expired` before a `paid`) changes nothing: the order m
 the same state without it. A lost last webhook leaves the order behind the provider, and only
 the reconciler, asking for the current status, brings it there. The flows hold nothing a
 current status cannot show (a refund later reversed, a partial refund), so every loss here is
-either harmless or repairable."""
+either harmless or repairable.
+
+Providers (`providers`): the payments are dealt round-robin among them (payment n to
+providers[n % len]), each payment's webhooks sent as its provider sends them. A provider
+without a payments API (Standard Webhooks) cannot be asked: its lost webhooks stay lost, the
+API does not know its payments, and its expected end state is what its webhooks that were
+sent bring it to (summary.expect; docs/simulator.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Final
 from services.sim.api import PaymentBook
 from services.sim.deliverer import Deliverer, DeliveryRecord, Result, SimWebhook
 from shared.db import Executor
+from shared.providers import registry
 from shared.providers.xhub.events import status_changed
 from shared.queries import orders as orders_sql
 
@@ -49,6 +56,8 @@ class ScenarioConfig:
     currency: str = "USD"
     seed: int | None = None
     prefix: str = "sim"  # payment ids are f"{prefix}_{run}_{n}"
+    # Who sends the payments' webhooks, dealt round-robin (registry names).
+    providers: tuple[str, ...] = (registry.DEFAULT.name,)
 
     def __post_init__(self) -> None:
         for name in ("duplicate_rate", "reorder_rate", "lost_rate"):
@@ -59,6 +68,8 @@ class ScenarioConfig:
         unknown = set(self.flows) - set(FLOWS)
         if unknown or not any(w > 0 for w in self.flows.values()):
             raise ValueError(f"flows must weigh some of {sorted(FLOWS)}; unknown: {unknown}")
+        if not self.providers or set(self.providers) - set(registry.BY_NAME):
+            raise ValueError(f"providers must be some of {sorted(registry.BY_NAME)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +86,13 @@ class SimPayment:
     events: tuple[SimWebhook, ...]  # one per status, same order
     lost_ids: frozenset[str]  # event ids never sent
     reordered: bool  # sent newest first
+    provider: str = registry.DEFAULT.name
+
+    @property
+    def repairable(self) -> bool:
+        """Its provider has a payments API, so the reconciler can bring it to its final
+        status whatever webhooks were lost."""
+        return registry.BY_NAME[self.provider].has_payment_api
 
     @property
     def final_status(self) -> str:
@@ -121,11 +139,13 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
         flow = rng.choices(names, weights)[0]
         payment_id = f"{config.prefix}_{run}_{n:05d}"
         merchant_id = f"merchant_{n % config.merchants}"
+        provider = config.providers[n % len(config.providers)]
         statuses = FLOWS[flow]
         events = tuple(
             SimWebhook(
                 event_id=f"evt_{payment_id}_{i}_{status}",
                 merchant_id=merchant_id,
+                provider=provider,
                 payload=status_changed(
                     payment_id,
                     status,
@@ -151,6 +171,7 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
                 events=events,
                 lost_ids=frozenset(),
                 reordered=len(events) > 1 and rng.random() < config.reorder_rate,
+                provider=provider,
             )
         )
     lost = _lost(rng, [w.event_id for p in drafts for w in p.events], config)
@@ -198,9 +219,11 @@ def _with_duplicates(
 
 
 def publish_to_api(plan: Plan, book: PaymentBook) -> None:
-    """The provider knows every payment's final status (lost ones included)."""
+    """The provider knows every payment's final status (lost ones included): the API's
+    provider's payments only (X-Hub's); a provider without an API has none to ask."""
     for p in plan.payments:
-        book.set_status(p.payment_id, p.final_status, p.amount, p.currency, p.updated_at)
+        if p.repairable:
+            book.set_status(p.payment_id, p.final_status, p.amount, p.currency, p.updated_at)
 
 
 async def register_orders(db: Executor, payments: Sequence[SimPayment]) -> int:
@@ -242,5 +265,6 @@ def lost_record(webhook: SimWebhook) -> DeliveryRecord:
         merchant_id=webhook.merchant_id,
         event_type=webhook.event_type,
         status=webhook.status,
+        provider=webhook.provider,
         result=Result.LOST,
     )

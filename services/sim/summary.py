@@ -34,10 +34,12 @@ class Expectation:
     bonus: int
     emails: tuple[str, ...]  # must be sent (once each)
     optional_emails: tuple[str, ...]  # may be sent, depending on arrival order
+    provider: str = "xhub"  # who sent its webhooks (registry name)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "payment_id": self.payment_id,
+            "provider": self.provider,
             "flow": self.flow,
             "lost": self.lost,
             "needs_repair": self.needs_repair,
@@ -54,8 +56,14 @@ def expect(payment: SimPayment, bonus_points: int = BONUS_POINTS) -> Expectation
     one: a lost or FAILED delivery is still reached by reconciliation); the bonus while
     PAID/SETTLED; payment_succeeded for PAID/SETTLED, payment_refunded for REFUNDED plus an
     optional payment_succeeded (it depends on arrival order; never when no `paid` or `settled`
-    was sent: reconciliation jumps straight to REFUNDED)."""
-    return _expectation(payment, payment.statuses, bonus_points)
+    was sent: reconciliation jumps straight to REFUNDED).
+
+    A payment whose provider has no payments API (Standard Webhooks) is repaired by nothing
+    but its sender's redeliveries: a webhook the sender gave up on (lost) stays missing, so
+    its end state is what the sent ones bring it to (PENDING when all were lost), exactly,
+    neither more nor less (the reconciler must not invent what nobody said)."""
+    statuses = payment.statuses if payment.repairable else payment.sent_statuses
+    return _expectation(payment, statuses, bonus_points)
 
 
 def expect_from_webhooks(payment: SimPayment, bonus_points: int = BONUS_POINTS) -> Expectation:
@@ -84,6 +92,7 @@ def _expectation(payment: SimPayment, statuses: Sequence[str], bonus_points: int
         bonus=bonus_points if status in _EARNING else 0,
         emails=emails,
         optional_emails=optional,
+        provider=payment.provider,
     )
 
 
@@ -100,6 +109,10 @@ class Summary:
             "deliveries": len(self.deliveries),
             "attempts": sum(r.attempts for r in self.deliveries),
             **dict(sorted(results.items())),
+            **{
+                f"payments_{k}": v
+                for k, v in sorted(Counter(e.provider for e in self.expectations).items())
+            },
             **{
                 f"expected_{k}": v
                 for k, v in sorted(Counter(e.status.value for e in self.expectations).items())
@@ -123,7 +136,7 @@ class Summary:
         lines.append("")
         lines.append(
             "payments (id, flow(lost=webhooks never sent, repair: only the reconciler gets it"
-            " there), expected status, bonus, emails [optional]):"
+            " there), expected status, bonus, emails [optional], provider):"
         )
         for e in self.expectations:
             flags = ",".join(
@@ -138,7 +151,7 @@ class Summary:
             optional = f" [{','.join(e.optional_emails)}]" if e.optional_emails else ""
             lines.append(
                 f"  {e.payment_id} {e.flow}{'(' + flags + ')' if flags else ''} {e.status.value}"
-                f" {e.bonus} {','.join(e.emails) or '-'}{optional}"
+                f" {e.bonus} {','.join(e.emails) or '-'}{optional} {e.provider}"
             )
         return "\n".join(lines)
 

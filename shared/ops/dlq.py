@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from shared.amqp.topology import WORK_QUEUES, Topology, queue_of_dlq
 from shared.ops.dlq_lock import reading
+from shared.providers import registry
 from shared.vocabulary import (
     ATTEMPTS,
     FIRST_FAILED_AT,
@@ -67,11 +68,15 @@ class DeadLetter:
     original_queue: str
     requeued: int
     body: bytes = field(repr=False)
+    # Whose webhook it came from: the message's `provider` header (ingest's, kept through the
+    # retries), else what its event id's prefix says (registry.provider_of).
+    provider: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "event_id": self.event_id,
+            "provider": self.provider,
             "event": self.event,
             "payment_id": self.payment_id,
             "reason": self.reason,
@@ -122,6 +127,8 @@ class DeadLetter:
             or queue_of_dlq(dlq),
             requeued=int_header(headers.get(REQUEUED)) or 0,
             body=message.body,
+            provider=_text(headers.get("provider"))
+            or (registry.provider_of(str(event_id)) if event_id else None),
         )
 
 

@@ -21,7 +21,7 @@ _PUBLISH_TIMEOUT_S = 10.0
 
 Progress = Callable[[int, int], None]
 # Selection's criteria besides ids and `all`, as every edge names its fields.
-FILTERS = ("reason", "event_type", "payment_id", "since", "until")
+FILTERS = ("reason", "event_type", "payment_id", "provider", "since", "until")
 
 
 class UnroutableError(Exception):
@@ -40,6 +40,7 @@ class Selection:
     payment_id: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
+    provider: str | None = None  # whose webhook (DeadLetter.provider)
 
     @classmethod
     def parse(
@@ -50,6 +51,7 @@ class Selection:
         reason: str | None = None,
         event_type: str | None = None,
         payment_id: str | None = None,
+        provider: str | None = None,
         since: str | None = None,
         until: str | None = None,
     ) -> Selection:
@@ -60,11 +62,21 @@ class Selection:
             if text is not None and at is None:
                 raise ValueError(f"{name} must be an ISO 8601 time, e.g. 2026-11-30T10:00:00Z")
             times.append(at)
-        return cls(tuple(ids), everything, reason, event_type, payment_id, *times)
+        since_at, until_at = times
+        return cls(
+            tuple(ids), everything, reason, event_type, payment_id, since_at, until_at, provider
+        )
 
     @property
     def says_nothing(self) -> bool:
-        filters = (self.reason, self.event_type, self.payment_id, self.since, self.until)
+        filters = (
+            self.reason,
+            self.event_type,
+            self.payment_id,
+            self.provider,
+            self.since,
+            self.until,
+        )
         return not (self.everything or self.ids) and all(f is None for f in filters)
 
     def as_json(self) -> dict[str, object]:
@@ -75,6 +87,7 @@ class Selection:
             "reason": self.reason,
             "event_type": self.event_type,
             "payment_id": self.payment_id,
+            "provider": self.provider,
             "since": None if self.since is None else self.since.isoformat(),
             "until": None if self.until is None else self.until.isoformat(),
         }
@@ -90,6 +103,8 @@ class Selection:
         if self.event_type is not None and letter.event != self.event_type:
             return False
         if self.payment_id is not None and letter.payment_id != self.payment_id:
+            return False
+        if self.provider is not None and letter.provider != self.provider:
             return False
         if self.since is not None or self.until is not None:
             at = parse_time(letter.last_failed_at)

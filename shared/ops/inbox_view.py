@@ -22,7 +22,7 @@ from shared.ops.connections import UnreachableError
 from shared.ops.dlq import DeadLetter
 from shared.ops.order_input import text_problem
 from shared.order_machine import Reason
-from shared.providers.xhub import PROVIDER
+from shared.providers import registry
 from shared.queries import inbox as inbox_sql
 from shared.queries.inbox import EventFilter, Position, storable_text
 
@@ -61,6 +61,7 @@ def webhook_json(row: Any, dead: DeadLetter | None) -> dict[str, Any]:
     """A stored webhook as every view shows it (a row of inbox_sql's descriptions)."""
     return {
         "event_id": row["event_id"],
+        "provider": row["provider"],
         "event": row["event_type"],
         "payment_id": row["payment_id"],
         "received_at": row["received_at"].isoformat(),
@@ -136,6 +137,7 @@ class EventQuery:
         until: str | None = None,
         cursor: str | None = None,
         limit: str | None = None,
+        provider: str | None = None,
     ) -> EventQuery:
         """From text as given (a query string, a command line); BadQueryError names the bad
         one. Times are ISO 8601, UTC without an offset, both inclusive."""
@@ -151,11 +153,19 @@ class EventQuery:
             event_type=None if event is None else _text("event", event),
             since=None if since is None else _time("since", since),
             until=None if until is None else _time("until", until),
+            provider=None if provider is None else provider_name(provider),
         )
         if where.since is not None and where.until is not None and where.since > where.until:
             raise BadQueryError("until", "is before since")
         after = None if cursor is None else _decode_cursor(cursor)
         return cls(where, outcome, after, count)
+
+
+def provider_name(text: str) -> str:
+    """A provider's name as given (query, command line); BadQueryError unless the registry's."""
+    if text not in registry.BY_NAME:
+        raise BadQueryError("provider", f"must be one of {', '.join(registry.BY_NAME)}")
+    return text
 
 
 def _position(row: Any) -> Position:
@@ -205,17 +215,21 @@ async def dead_letters_for_event(
 
 
 async def event_view(
-    db: Executor, event_id: str, read_dead_letters: Callable[[str], Awaitable[list[DeadLetter]]]
+    db: Executor,
+    event_id: str,
+    read_dead_letters: Callable[[str], Awaitable[list[DeadLetter]]],
+    provider: str = registry.DEFAULT.name,
 ) -> dict[str, Any] | None:
-    """One stored webhook with its headers (credentials were never stored), body and outcome;
-    None if there is none. `read_dead_letters(event_id)` looks in the DLQs."""
-    row = await inbox_sql.webhook(db, PROVIDER, _text("event_id", event_id))
+    """One stored webhook of `provider` (event ids are unique per provider only) with its
+    headers (credentials were never stored), body and outcome; None if there is none.
+    `read_dead_letters(message id)` looks in the DLQs for the id the workers know it by."""
+    row = await inbox_sql.webhook(db, provider_name(provider), _text("event_id", event_id))
     if row is None:
         return None
     letters: list[DeadLetter] = []
     missing = None
     try:
-        letters = await read_dead_letters(row["event_id"])
+        letters = await read_dead_letters(registry.worker_id(row["provider"], row["event_id"]))
     except (UnavailableError, UnreachableError, dlq_lock.DlqBusyError, dlq.MissingQueueError) as e:
         missing = str(e)  # the database holds most of the answer: give it, say what is missing
     try:

@@ -62,6 +62,14 @@ class PaymentApi:
     rate_per_s: float = 10.0  # questions a second, the client's own budget
 
 
+# (event id, canonical event as a dict) -> the body this provider sends for it: the inverse of
+# canonical_body, for the simulator and `payhooks send` (tools and tests, never ingest).
+Encode = Callable[[str, Mapping[str, Any]], bytes]
+# (one key as parse_secrets gives it, event id, body, wall clock in Unix seconds) -> every
+# header this provider sends with the body (id, timestamp, signature, content type).
+SignedHeaders = Callable[[bytes, str, bytes, float], dict[str, str]]
+
+
 # (secrets, event id, timestamp, raw body, signature header) -> position of the first secret
 # the signature matches under, or None. Every secret is tried, in constant time each.
 MatchingSecret = Callable[[Sequence[bytes], str, str, bytes, str], int | None]
@@ -112,6 +120,10 @@ class Provider:
     # For a provider without a timestamp header: the timestamp as the signature header gives
     # it ("" when it gives none: the delivery is then refused as unsigned, 401).
     timestamp_in_signature: Callable[[str], str] | None = None
+    # How this provider sends a canonical event (the simulator's and `payhooks send`'s hook):
+    # its body and its signed headers. None: the tools cannot play this provider.
+    encode: Encode | None = None
+    signed_headers: SignedHeaders | None = None
 
 
 def comma_separated(raw: str) -> tuple[str, ...]:

@@ -52,3 +52,13 @@ def message_of(provider: str, event_id: str, body: bytes) -> tuple[str, bytes]:
     if known is not None and known.canonical_body is not None:
         body = known.canonical_body(body)
     return worker_id(provider, event_id), body
+
+
+def provider_of(message_id: str) -> str:
+    """Whose event a message id (worker_id's) names: the provider whose prefix it carries,
+    else X-Hub (its ids are bare; so are the reconciler's synthetic events, made from X-Hub's
+    API)."""
+    for provider in PROVIDERS:
+        if provider.message_id_prefix and message_id.startswith(provider.message_id_prefix):
+            return provider.name
+    return DEFAULT.name

@@ -209,6 +209,7 @@ class EventFilter:
     event_type: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
+    provider: str | None = None
 
 
 # Where a listing resumes: the (received_at, id) of the last row it read.
@@ -231,6 +232,8 @@ def events_statement(
         conditions.append(f"i.payment_id = {arg(where.payment_id, 'text')}")
     if where.event_type is not None:
         conditions.append(f"i.event_type = {arg(where.event_type, 'text')}")
+    if where.provider is not None:
+        conditions.append(f"i.provider = {arg(where.provider, 'text')}")
     if where.since is not None:
         conditions.append(f"i.received_at >= {arg(where.since, 'timestamptz')}")
     if where.until is not None:

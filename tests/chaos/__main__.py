@@ -217,9 +217,38 @@ async def run_round(
     async def restore() -> None:
         await fault.restore(stack, servers)
 
+    provider = _round_provider(args)
+    label, what = fault.name, fault.what
+    if provider != DEFAULT_PROVIDER:
+        label, what = f"{fault.name}-{provider}", f"{fault.what} ({provider})"
     return await run_on(
-        stack, RoundResult(fault.name, fault.what), inject, fault.hold_s, restore, args, stacks
+        stack, RoundResult(label, what), inject, fault.hold_s, restore, args, stacks
     )
+
+
+DEFAULT_PROVIDER = "xhub"
+
+
+def _round_provider(args: argparse.Namespace) -> str:
+    providers: tuple[str, ...] = getattr(args, "providers", (DEFAULT_PROVIDER,))
+    return providers[0]
+
+
+def round_specs(names: list[str], providers: tuple[str, ...]) -> list[tuple[str, str]] | str:
+    """(fault name, provider) per round: each named round once per provider of --provider, or
+    once for the provider its name ends in (`none-standard`); else what is unknown."""
+    specs: list[tuple[str, str]] = []
+    unknown = []
+    for name in names:
+        if name in BY_NAME:
+            specs.extend((name, provider) for provider in providers)
+            continue
+        fault, _, provider = name.rpartition("-")
+        if fault in BY_NAME and provider in storm.SECRETS:
+            specs.append((fault, provider))
+        else:
+            unknown.append(name)
+    return f"unknown rounds {unknown}" if unknown else specs
 
 
 async def run_on(
@@ -235,7 +264,12 @@ async def run_on(
     out: Path = args.out
     if stacks is not None:
         stacks.append(stack)  # for _run_interruptibly
-    config = storm.StormConfig(payments=args.payments, sends_per_s=args.rate, seed=args.seed)
+    config = storm.StormConfig(
+        payments=args.payments,
+        sends_per_s=args.rate,
+        seed=args.seed,
+        providers=(_round_provider(args),),
+    )
     samples: Samples = []
     sampler: asyncio.Task[None] | None = None
     api: asyncio.Task[None] | None = None
@@ -367,6 +401,15 @@ def round_arguments(
         "--settle", type=float, default=240.0, help="seconds after the fault for all to be right"
     )
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--provider",
+        dest="providers",
+        type=lambda raw: tuple(p.strip() for p in raw.split(",") if p.strip()),
+        default=(DEFAULT_PROVIDER,),
+        help="comma-separated, default xhub: every round once per provider, its webhooks sent"
+        f" as that provider sends them ({', '.join(storm.SECRETS)}); a round named"
+        " <fault>-<provider> (none-standard) runs for that provider only",
+    )
     parser.add_argument("--out", type=Path, default=Path(out))
     return parser
 
@@ -378,9 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging("WARNING")  # the harness's own migrate and clients: problems only
     names = [f.name for f in FAULTS] if args.rounds == "all" else args.rounds.split(",")
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        parser.error(f"unknown rounds {unknown}")
+    if set(args.providers) - set(storm.SECRETS) or not args.providers:
+        parser.error(f"--provider must be some of {', '.join(storm.SECRETS)}")
+    specs = round_specs(names, args.providers)
+    if isinstance(specs, str):
+        parser.error(specs)
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # SIGTERM unwinds like Ctrl-C, so that the private servers are removed on the way out.
@@ -388,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     results: list[RoundResult] = []
     try:
-        _run_rounds(names, args, results)
+        _run_rounds(specs, args, results)
     except KeyboardInterrupt:
         print(
             "interrupted: the round's services killed, the private servers removed", file=sys.stderr
@@ -399,7 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
-def _run_rounds(names: list[str], args: argparse.Namespace, results: list[RoundResult]) -> None:
+def _run_rounds(
+    specs: list[tuple[str, str]], args: argparse.Namespace, results: list[RoundResult]
+) -> None:
     with running("chaos") as servers:
         print(
             f"private servers: RabbitMQ {servers.rabbit.name} on {servers.rabbit.amqp_port},"
@@ -407,12 +454,16 @@ def _run_rounds(names: list[str], args: argparse.Namespace, results: list[RoundR
             f" on {servers.postgres.port} (in {servers.base})",
             file=sys.stderr,
         )
-        for name in names:
+        for name, provider in specs:
             started = time.monotonic()
-            result = _run_interruptibly(BY_NAME[name], args, servers)
+            round_args = argparse.Namespace(**{**vars(args), "providers": (provider,)})
+            result = _run_interruptibly(BY_NAME[name], round_args, servers)
             results.append(result)
             verdict_text = "ok" if result.passed else "FAILED"
-            print(f"{name}: {verdict_text} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+            print(
+                f"{result.fault}: {verdict_text} in {time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+            )
             for line in ([result.error] if result.error else []) + result.examples:
                 print(f"  {line}", file=sys.stderr)
             results_json = json.dumps([asdict(r) for r in results], indent=2)

@@ -353,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         parser.error(f"unknown rounds {unknown}")
+    if len(args.providers) != 1:  # every round's traffic is one provider's here
+        parser.error("--provider takes one provider for the cluster's rounds")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     signal.signal(signal.SIGINT, signal.default_int_handler)

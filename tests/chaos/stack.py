@@ -34,6 +34,8 @@ from tests.processes import payhooks_command
 from tests.proxy import TcpProxy, via
 
 SECRET = "chaos-secret"
+# Standard Webhooks' (whsec_ + base64 of the key): every round serves /webhooks/standard too.
+STANDARD_SECRET = "whsec_Y2hhb3Mtc3RhbmRhcmQtc2VjcmV0LWtleQ=="
 API_KEY = "chaos-provider-key"
 ADMIN_TOKEN = "chaos-admin-token"
 # Production's retry ladder: a 30 s outage must not exhaust it (a dead letter is a lost effect
@@ -212,6 +214,7 @@ class Stack:
             "AMQP_URL": (via(self.amqp_url, self.amqp_proxy) if self.proxied else self.amqp_url),
             "AMQP_PREFIX": self.prefix,
             "XHUB_WEBHOOK_SECRETS": SECRET,
+            "STANDARD_WEBHOOK_SECRETS": STANDARD_SECRET,
             "XHUB_TIMESTAMP_TOLERANCE": "3600",
             "ADMIN_TOKEN": ADMIN_TOKEN,
             "XHUB_API_URL": api_url,

@@ -1,6 +1,7 @@
-"""The traffic of a chaos round: the X-Hub simulator's payments (its default flows, settled then
-refunded and expired then paid among them; duplicates, reordering, lost webhooks), delivered at
-a steady pace with X-Hub's retry ladders (time-scaled), so that some are in flight before,
+"""The traffic of a chaos round: the simulator's payments, sent as X-Hub (or the round's
+provider) sends them (its default flows, settled then refunded and expired then paid among
+them; duplicates, reordering, lost webhooks), delivered at a steady pace with X-Hub's retry
+ladders (time-scaled), so that some are in flight before,
 during and after the fault."""
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import asyncpg
 
 from services.sim import scenario
 from services.sim.deliverer import Deliverer, DeliveryRecord
-from tests.chaos.stack import SECRET, Stack
+from shared.providers import registry
+from tests.chaos.stack import SECRET, STANDARD_SECRET, Stack
+
+SECRETS = {"xhub": SECRET, "standard": STANDARD_SECRET}
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +28,14 @@ class StormConfig:
     concurrency: int = 16
     lost_rate: float = 0.03
     seed: int | None = None
+    providers: tuple[str, ...] = ("xhub",)  # who sends them (dealt round-robin)
+
+
+def keys() -> dict[str, bytes]:
+    """The key every provider the stack serves signs with."""
+    return {
+        name: registry.BY_NAME[name].parse_secrets(secret)[0] for name, secret in SECRETS.items()
+    }
 
 
 async def prepare(stack: Stack, config: StormConfig) -> scenario.Plan:
@@ -37,6 +49,7 @@ async def prepare(stack: Stack, config: StormConfig) -> scenario.Plan:
             concurrency=config.concurrency,
             seed=config.seed,
             prefix=f"chaos{int(time.time())}",
+            providers=config.providers,
         )
     )
     scenario.publish_to_api(plan, stack.book)
@@ -54,6 +67,7 @@ async def deliver(stack: Stack, plan: scenario.Plan, config: StormConfig) -> lis
     async with Deliverer(
         stack.ingest_url,
         SECRET.encode(),
+        keys=keys(),
         time_scale=config.time_scale,
         concurrency=config.concurrency,
     ) as deliverer:

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 from typing import Any
 
+import orjson
 import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
@@ -15,9 +16,11 @@ from aiohttp.test_utils import TestClient
 from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.ops import inbox_view
+from shared.queries import inbox as inbox_sql
+from shared.queries.inbox import InboxEntry
 from tests.integration.api_contract import AUTH, documented, running_api
 from tests.integration.inbox_events import store_events
-from tests.integration.test_dlq import Letter, put_dead_letters
+from tests.integration.test_dlq import Letter, new_id, put_dead_letters
 
 T0 = dt.datetime(2026, 11, 30, 10, 0, tzinfo=dt.UTC)
 MINUTE = dt.timedelta(minutes=1)
@@ -61,6 +64,7 @@ async def test_filters_combine_and_events_come_newest_first(api: TestClient, db:
     assert everything["next_cursor"] is None
     assert everything["events"][2] == {
         "event_id": failed,
+        "provider": "xhub",
         "event": "refund.failed",
         "payment_id": "pay_a",
         "received_at": (T0 + MINUTE).isoformat(),
@@ -198,3 +202,57 @@ async def test_one_event_in_full(
         400,
         "event_id must not contain NUL characters",
     )
+
+
+async def _standard_event(db: Any, payment_id: str) -> str:
+    """A Standard Webhooks event of `payment_id`, stored as ingest stores one."""
+    event_id = new_id("msg")
+    body = orjson.dumps(
+        {
+            "type": "payment.status_changed",
+            "timestamp": T0.isoformat(),
+            "data": {"payment_id": payment_id},
+        }
+    )
+    entry = InboxEntry(
+        event_id, "payment.status_changed", payment_id, body, {"webhook-id": event_id}
+    )
+    [stored] = await inbox_sql.store_batch(db, "standard", [entry])
+    await inbox_sql.mark_published(db, [stored.id])
+    return event_id
+
+
+async def test_events_name_their_provider_and_filter_and_show_by_it(
+    api: TestClient, db: Any, channel: AbstractChannel, topology: Topology
+) -> None:
+    payment_id = new_id("pay")
+    [xhub] = await store_events(db, payment_id=payment_id, at=T0)
+    standard = await _standard_event(db, payment_id)
+    dead = Letter(id=f"standard:{standard}", payment_id=payment_id)
+    await put_dead_letters(channel, topology.work["orders"], [dead, Letter()])
+
+    both = await listed(api, f"?payment_id={payment_id}")
+    assert {(e["event_id"], e["provider"]) for e in both["events"]} == {
+        (xhub, "xhub"),
+        (standard, "standard"),
+    }
+    only = await listed(api, f"?payment_id={payment_id}&provider=standard")
+    assert [e["event_id"] for e in only["events"]] == [standard]
+    bad = await api.get("/api/events?provider=nobody", headers=AUTH)
+    assert bad.status == 400
+
+    # Event ids are unique per provider only: show takes the provider (default xhub).
+    assert (await api.get(f"/api/events/{standard}", headers=AUTH)).status == 404
+    response = await api.get(f"/api/events/{standard}?provider=standard", headers=AUTH)
+    view = await documented(response, "GET", "/api/events/{event_id}")
+    assert view["provider"] == "standard"
+    assert [d["id"] for d in view["dead_letters"]] == [dead.id]  # found by its message id
+    assert view["outcome"] == "dead_lettered: unknown_payment"
+
+    # The DLQ names and filters by provider.
+    page = await api.get("/api/dlq/orders?provider=standard", headers=AUTH)
+    letters = (await documented(page, "GET", "/api/dlq/{queue}"))["messages"]
+    assert [(d["id"], d["provider"]) for d in letters] == [(dead.id, "standard")]
+    payment = await api.get(f"/api/payments/{payment_id}", headers=AUTH)
+    events = (await documented(payment, "GET", "/api/payments/{payment_id}"))["events"]
+    assert {e["provider"] for e in events} == {"xhub", "standard"}

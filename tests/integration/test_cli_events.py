@@ -52,14 +52,15 @@ async def test_event_list_gives_what_the_api_gives(payhooks: Any, api: TestClien
     first = await payhooks("event", "list", "--payment-id", "pay_cli", "--limit", "1")
     assert first.code == 0, first
     header, row, _, summary = first.out.splitlines()
-    assert header.split() == ["RECEIVED_AT", "EVENT_ID", "EVENT", "PAYMENT_ID", "DUPLICATES",
-                              "OUTCOME"]  # fmt: skip
-    assert row.split()[1:] == [failed, "refund.failed", "pay_cli", "0", "queued"]
+    assert header.split() == ["RECEIVED_AT", "EVENT_ID", "PROVIDER", "EVENT", "PAYMENT_ID",
+                              "DUPLICATES", "OUTCOME"]  # fmt: skip
+    assert row.split()[1:] == [failed, "xhub", "refund.failed", "pay_cli", "0", "queued"]
     cursor = summary.rpartition("--cursor ")[2]
     rest = await payhooks("event", "list", "--payment-id", "pay_cli", "--cursor", cursor)
     assert rest.code == 0, rest
     assert rest.out.splitlines()[1].split()[1:] == [
         paid,
+        "xhub",
         "payment.status_changed",
         "pay_cli",
         "0",

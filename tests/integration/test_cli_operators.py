@@ -811,3 +811,22 @@ async def test_a_reader_that_stops_early_ends_payment_show_quietly(
     assert "Traceback" not in err.decode(), err.decode()
     assert "BrokenPipeError" not in err.decode()
     assert code == 141
+
+
+async def test_dlq_show_and_requeue_filter_by_provider(
+    payhooks: Payhooks, channel: AbstractChannel, orders: WorkQueue
+) -> None:
+    standard, xhub = Letter(id=f"standard:{new_id('msg')}"), Letter()
+    await put_dead_letters(channel, orders, [standard, xhub])
+
+    shown = await payhooks("dlq", "show", "orders", "--provider", "standard", "--json")
+    dry = await payhooks(
+        "dlq", "requeue", "orders", "--provider", "standard", "--dry-run", "--json"
+    )
+
+    assert shown.code == 0, shown.err
+    assert [(m["id"], m["provider"]) for m in shown.json()["messages"]] == [
+        (standard.id, "standard")
+    ]
+    assert dry.code == 0, dry.err
+    assert dry.json()["ids"] == [standard.id]

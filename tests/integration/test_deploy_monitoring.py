@@ -77,8 +77,8 @@ CONTRACT: dict[str, dict[str, Metric]] = {
         "payhooks_publish_confirm_duration_seconds": Metric("histogram"),
         "payhooks_ingest_batch_size": Metric("histogram"),
         "payhooks_ingest_sweeper_published_total": Metric("counter"),
-        "payhooks_webhook_clock_skew_seconds": Metric("histogram"),
-        "payhooks_webhook_secret_matched_total": Metric("counter", ("secret_index",)),
+        "payhooks_webhook_clock_skew_seconds": Metric("histogram", ("provider",)),
+        "payhooks_webhook_secret_matched_total": Metric("counter", ("provider", "secret_index")),
     },
     "api": {
         "payhooks_queue_messages": Metric("gauge", ("queue",)),

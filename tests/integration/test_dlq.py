@@ -248,6 +248,7 @@ async def test_show_describes_worker_failures_from_our_headers(
         "last_failed_at": BASE_TIME.isoformat(),
         "original_queue": orders.name,
         "requeued": 0,
+        "provider": "xhub",
     }
 
 

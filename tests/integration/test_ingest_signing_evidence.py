@@ -47,11 +47,11 @@ async def _samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str],
 
 
 def _bucket(samples: dict[Any, float], le: float) -> float:
-    return samples[(f"{SKEW}_bucket", (("le", str(le)),))]
+    return samples[(f"{SKEW}_bucket", (("le", str(le)), ("provider", "xhub")))]
 
 
 def _matched(samples: dict[Any, float], index: int) -> float:
-    return samples[(MATCHED, (("secret_index", str(index)),))]
+    return samples[(MATCHED, (("provider", "xhub"), ("secret_index", str(index))))]
 
 
 async def _post(
@@ -74,7 +74,7 @@ async def test_every_configured_secret_is_exported_at_zero_from_the_start(
 
     assert _matched(samples, 0) == 0
     assert _matched(samples, 1) == 0
-    assert samples[(f"{SKEW}_count", ())] == 0
+    assert samples[(f"{SKEW}_count", (("provider", "xhub"),))] == 0
 
 
 async def test_skew_of_an_accepted_delivery_is_observed_with_the_old_secret_that_matched(
@@ -87,7 +87,7 @@ async def test_skew_of_an_accepted_delivery_is_observed_with_the_old_secret_that
     # 90 s behind our clock (plus the sub-second part of now): in the (60, 120] bucket.
     assert _bucket(samples, 60.0) == 0
     assert _bucket(samples, 120.0) == 1
-    assert samples[(f"{SKEW}_count", ())] == 1
+    assert samples[(f"{SKEW}_count", (("provider", "xhub"),))] == 1
     assert (_matched(samples, 0), _matched(samples, 1)) == (0, 1)
     (line,) = logs
     assert line["event_id"] == event_id
@@ -108,7 +108,7 @@ async def test_a_stale_delivery_still_shows_its_skew_and_secret(
     samples = await _samples(client)
     assert _bucket(samples, -600.0) == 0
     assert _bucket(samples, -300.0) == 1
-    assert samples[(f"{SKEW}_count", ())] == 1
+    assert samples[(f"{SKEW}_count", (("provider", "xhub"),))] == 1
     assert (_matched(samples, 0), _matched(samples, 1)) == (1, 0)
     (line,) = logs
     assert line["outcome"] == "stale"
@@ -123,7 +123,7 @@ async def test_an_invalid_signature_records_no_skew_and_no_secret(client: TestCl
 
     assert status == 401
     samples = await _samples(client)
-    assert samples[(f"{SKEW}_count", ())] == 0
+    assert samples[(f"{SKEW}_count", (("provider", "xhub"),))] == 0
     assert (_matched(samples, 0), _matched(samples, 1)) == (0, 0)
     (line,) = logs
     assert line["outcome"] == "invalid_signature"

@@ -24,7 +24,7 @@ from shared.ops.operator_actions import Edge, Operator, dead_letters_or_reason, 
 from shared.ops.order_input import text_problem
 from shared.ops.payment_view import payment_view
 from shared.process.web import REGISTRY
-from shared.providers.xhub import PROVIDER
+from shared.providers import registry
 from shared.queries import audit
 from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
@@ -163,9 +163,10 @@ async def search(request: web.Request) -> web.StreamResponse:
     order = await orders_sql.order_by_id(db, wanted)
     if order is not None:
         return sessions.see_other(_payment_url(order["payment_id"]))
-    event = await inbox_sql.webhook(db, PROVIDER, wanted)
-    if event is not None and event["payment_id"]:
-        return sessions.see_other(_payment_url(event["payment_id"]) + "#events")
+    for provider in registry.PROVIDERS:  # an event id is unique per provider only
+        event = await inbox_sql.webhook(db, provider.name, wanted)
+        if event is not None and event["payment_id"]:
+            return sessions.see_other(_payment_url(event["payment_id"]) + "#events")
     return render(request, "search.html", q=wanted, problem=None)
 
 
@@ -243,6 +244,9 @@ async def dlq_page(request: web.Request) -> web.Response:
         filters={f: request.query.get(f, "") for f in FILTERS},
         reasons=sorted({letter.reason for letter in letters}),
         events=sorted({letter.event for letter in letters if letter.event}),
+        providers=sorted(
+            {*registry.BY_NAME, *(letter.provider for letter in letters if letter.provider)}
+        ),
         problem=problem,
     )
 

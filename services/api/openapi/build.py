@@ -102,6 +102,10 @@ QUEUE = {
 # A stored webhook as every view describes it (shared/ops/inbox_view.py webhook_json).
 WEBHOOK: dict[str, Schema] = {
     "event_id": STR,
+    "provider": {
+        **STR,
+        "description": "who sent it (xhub, standard, ...): event ids are unique per provider",
+    },
     "event": STR,
     "payment_id": nullable(STR),
     "received_at": TIME,
@@ -115,8 +119,15 @@ WEBHOOK: dict[str, Schema] = {
         ),
     },
 }
+PROVIDER_QUERY: Schema = {
+    "name": "provider",
+    "in": "query",
+    "schema": {**STR, "examples": ["standard"]},
+    "description": "whose webhooks (a provider's name: xhub, standard, ...)",
+}
 EVENT_QUERY: list[Schema] = [
     {"name": "payment_id", "in": "query", "schema": STR},
+    PROVIDER_QUERY,
     {"name": "event", "in": "query", "schema": {**STR, "examples": ["refund.failed"]}},
     {
         "name": "outcome",

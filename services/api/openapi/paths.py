@@ -11,6 +11,7 @@ from services.api.openapi.build import (
     EVENT_QUERY,
     ID_ANSWERS,
     PATH,
+    PROVIDER_QUERY,
     QUEUE,
     STR,
     list_of,
@@ -113,7 +114,10 @@ PATHS: dict[str, Any] = {
     "/api/events/{event_id}": {
         "get": {
             "summary": "One webhook: headers, body, outcome and any dead letter of it",
-            "parameters": [path_id("event_id", "the provider's event id (X-Webhook-Id)")],
+            "parameters": [
+                path_id("event_id", "the provider's event id (X-Hub's X-Webhook-Id, ...)"),
+                {**PROVIDER_QUERY, "description": "whose event (default xhub)"},
+            ],
             "responses": protected(
                 {
                     "200": ok(ref("EventDetail"), "the event; without RabbitMQ, from the database"),
@@ -142,6 +146,7 @@ PATHS: dict[str, Any] = {
             ),
             "parameters": [
                 QUEUE,
+                {**PROVIDER_QUERY, "description": "only the letters of this provider's webhooks"},
                 {
                     "name": "limit",
                     "in": "query",

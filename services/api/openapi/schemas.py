@@ -108,6 +108,11 @@ SCHEMAS: dict[str, Schema] = {
             "last_failed_at": nullable(STR),
             "original_queue": STR,
             "requeued": INT,
+            "provider": {
+                **nullable(STR),
+                "description": "whose webhook it came from (its `provider` header, else its"
+                " event id's prefix)",
+            },
         }
     ),
     "PaymentView": object_of(
@@ -282,6 +287,7 @@ SCHEMAS: dict[str, Schema] = {
             "reason": nullable(STR),
             "event_type": nullable(STR),
             "payment_id": nullable(STR),
+            "provider": {**nullable(STR), "description": "whose webhooks: xhub, standard, ..."},
             "since": {**nullable(STR), "description": "ISO 8601, UTC without an offset"},
             "until": {**nullable(STR), "description": "ISO 8601, UTC without an offset"},
         },

@@ -12,8 +12,8 @@ from shared.providers.standard import (
     TIMESTAMP_HEADER,
     WEBHOOK_PATH,
 )
-from shared.providers.standard.events import canonical_body, headline
-from shared.providers.standard.signatures import matching_secret, parse_secrets
+from shared.providers.standard.events import canonical_body, encode, headline
+from shared.providers.standard.signatures import matching_secret, parse_secrets, signed_headers
 
 STANDARD = Provider(
     name=PROVIDER,
@@ -28,4 +28,6 @@ STANDARD = Provider(
     message_id_prefix=f"{PROVIDER}:",
     canonical_body=canonical_body,
     has_payment_api=False,
+    encode=encode,
+    signed_headers=signed_headers,
 )

@@ -50,3 +50,12 @@ def canonical_body(body: bytes) -> bytes:
 def envelope(event_type: str, timestamp: str, **data: Any) -> dict[str, Any]:
     """A payment event as a Standard Webhooks sender emits it (tools, tests)."""
     return {"type": event_type, "timestamp": timestamp, "data": data}
+
+
+def encode(event_id: str, event: Mapping[str, Any]) -> bytes:
+    """A canonical event (X-Hub's body shape) as a Standard Webhooks sender's body: the
+    inverse of `canonical`. The event id travels in `webhook-id`, not in the body."""
+    data = {k: v for k, v in event.items() if k != "event"}
+    created_at = data.get("created_at")
+    timestamp = created_at if isinstance(created_at, str) else ""
+    return orjson.dumps(envelope(str(event.get("event", "")), timestamp, **data))

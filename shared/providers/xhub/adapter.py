@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from shared.providers.base import Headline, MalformedWebhookError, Provider, comma_separated
 from shared.providers.xhub import (
     ID_HEADER,
@@ -13,7 +15,7 @@ from shared.providers.xhub import (
     TIMESTAMP_HEADER,
     WEBHOOK_PATH,
 )
-from shared.providers.xhub.signatures import matching_secret
+from shared.providers.xhub.signatures import matching_secret, signed_headers
 
 
 def parse_secrets(raw: str) -> tuple[bytes, ...]:
@@ -36,6 +38,10 @@ def headline(payload: Mapping[str, Any]) -> Headline:
     return Headline(event_type, payload.get("payment_id"))
 
 
+def encode(event_id: str, event: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(event)  # X-Hub's body is the canonical event; the id is a header
+
+
 XHUB = Provider(
     name=PROVIDER,
     webhook_path=WEBHOOK_PATH,
@@ -49,4 +55,6 @@ XHUB = Provider(
     message_id_prefix="",
     canonical_body=None,  # X-Hub's body is the canonical event
     has_payment_api=True,
+    encode=encode,
+    signed_headers=signed_headers,
 )
