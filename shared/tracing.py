@@ -35,6 +35,7 @@ _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 
 _tracer: Tracer | None = None
 _middleware: Any = None
+_propagator: Any = None
 _uninstrument: list[Any] = []
 
 
@@ -72,7 +73,7 @@ def configure(service: str) -> bool:
 def install(provider: TracerProvider) -> None:
     """Trace with `provider` (configure's, or a test's with an in-memory exporter): our spans,
     aiohttp's server requests (middlewares()) and asyncpg's queries. Before the apps are made."""
-    global _tracer, _middleware
+    global _tracer, _middleware, _propagator
     # Probes and scrapes are no part of a payment's story (read when the module is imported).
     os.environ.setdefault("OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS", "/healthz,/readyz,/metrics")
     from aiohttp import web
@@ -81,6 +82,7 @@ def install(provider: TracerProvider) -> None:
         create_aiohttp_middleware,
     )
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     application = web.Application
     requests = AioHttpServerInstrumentor()
@@ -97,6 +99,7 @@ def install(provider: TracerProvider) -> None:
     # (shared/process/web.py base_app).
     web.Application = application  # type: ignore[misc]
     _middleware = create_aiohttp_middleware(tracer_provider=provider)
+    _propagator = TraceContextTextMapPropagator()  # W3C trace context only: no baggage
     _tracer = provider.get_tracer("payhooks")
 
 
@@ -122,10 +125,9 @@ def inject(headers: MutableMapping[str, str], span: Span | None = None) -> None:
     """Put `span`'s context (or the current one) in `headers` as W3C trace context. Only
     while tracing is on."""
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     context = trace.set_span_in_context(span) if span is not None else None
-    TraceContextTextMapPropagator().inject(headers, context=context)
+    _propagator.inject(headers, context=context)
 
 
 def current_headers() -> dict[str, str]:
@@ -172,6 +174,27 @@ def received_at(headers: Mapping[str, Any]) -> float | None:
         return None
 
 
+def worth_tracing(headers: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a batch gets spans: tracing is on, and a message of it is sampled (its
+    `traceparent` flags) or starts a trace here (none: the sampler decides). A batch of
+    messages whose traces ingest's sampler left out costs nothing more: their headers pass on
+    as they came, and so does the decision."""
+    if _tracer is None:
+        return False
+    for h in headers:
+        value = h.get(TRACEPARENT)
+        if isinstance(value, bytes):
+            value = value.decode("ascii", "replace")
+        if not isinstance(value, str) or len(value) < 55:
+            return True  # none (or not ours to read): a new trace, as the sampler decides
+        try:
+            if int(value[53:55], 16) & 1:
+                return True
+        except ValueError:
+            return True
+    return False
+
+
 class BatchTrace:
     """The spans of one worker batch (only while tracing is on): `<worker> batch`, current
     while the batch is handled (so asyncpg's query spans nest under it) and linked to every
@@ -189,11 +212,9 @@ class BatchTrace:
     ) -> None:
         from opentelemetry import trace
         from opentelemetry.trace import Link, SpanKind
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        propagator = TraceContextTextMapPropagator()
         tracer_ = tracer()
-        parents = [propagator.extract(carried(h)) for h in headers]
+        parents = [_propagator.extract(carried(h)) for h in headers]
         links = [
             Link(context)
             for parent in parents

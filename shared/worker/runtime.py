@@ -228,7 +228,11 @@ class Worker:
         results: list[Result] = [
             MissingMessageIdError("message has no message_id (no idempotency key)")
         ] * len(messages)
-        traced = _trace(self.name, self._queue.name, deliveries) if tracing.enabled() else None
+        traced = (
+            _trace(self.name, self._queue.name, deliveries)
+            if tracing.worth_tracing([d.headers for d in deliveries])
+            else None
+        )
         if traced is not None:
             deliveries = [
                 dataclasses.replace(d, headers=traced.headers(i)) for i, d in enumerate(deliveries)

@@ -55,3 +55,16 @@ def test_carried_headers_are_text_and_received_at_a_number() -> None:
 def test_a_step_span_off_is_a_no_op() -> None:
     with tracing.StepSpan("smtp send", **{"payhooks.emails": 3}):
         pass
+
+
+def test_a_batch_whose_traces_were_not_sampled_gets_no_spans() -> None:
+    sampled = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    left_out = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
+    assert not tracing.worth_tracing([sampled])  # off
+    tracing._tracer = object()  # type: ignore[assignment]  # on, as far as this check goes
+    try:
+        assert tracing.worth_tracing([left_out, sampled])
+        assert tracing.worth_tracing([{}])  # a new trace: the sampler decides
+        assert not tracing.worth_tracing([left_out, left_out])
+    finally:
+        tracing._tracer = None
