@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -146,6 +146,8 @@ def annotate(**attributes: str | None) -> None:
     from opentelemetry import trace
 
     span = trace.get_current_span()
+    if not span.is_recording():
+        return
     for key, value in attributes.items():
         if value:
             span.set_attribute(f"payhooks.{key}", value)
@@ -176,23 +178,23 @@ def received_at(headers: Mapping[str, Any]) -> float | None:
 
 def worth_tracing(headers: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a batch gets spans: tracing is on, and a message of it is sampled (its
-    `traceparent` flags) or starts a trace here (none: the sampler decides). A batch of
-    messages whose traces ingest's sampler left out costs nothing more: their headers pass on
-    as they came, and so does the decision."""
-    if _tracer is None:
+    `traceparent` flags) or starts a trace here (none: the sampler decides). Messages whose
+    traces ingest's sampler left out cost nothing more: their headers pass on as they came,
+    and so does the decision."""
+    return _tracer is not None and not all(_left_out(h) for h in headers)
+
+
+def _left_out(headers: Mapping[str, Any]) -> bool:
+    """Whether the message carries a trace context whose sampled flag is off."""
+    value = headers.get(TRACEPARENT)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or len(value) < 55:
+        return False  # none (or not one we read): a new trace, as the sampler decides
+    try:
+        return not int(value[53:55], 16) & 1
+    except ValueError:
         return False
-    for h in headers:
-        value = h.get(TRACEPARENT)
-        if isinstance(value, bytes):
-            value = value.decode("ascii", "replace")
-        if not isinstance(value, str) or len(value) < 55:
-            return True  # none (or not ours to read): a new trace, as the sampler decides
-        try:
-            if int(value[53:55], 16) & 1:
-                return True
-        except ValueError:
-            return True
-    return False
 
 
 class BatchTrace:
@@ -208,17 +210,20 @@ class BatchTrace:
         worker: str,
         queue: str,
         headers: Sequence[Mapping[str, Any]],
-        ids: Sequence[tuple[str, str | None]],
+        ids: Callable[[int], tuple[str, str | None]],
     ) -> None:
+        """`ids(i)`: message i's event id and payment id (read only for a traced message)."""
         from opentelemetry import trace
         from opentelemetry.trace import Link, SpanKind
 
         tracer_ = tracer()
-        parents = [_propagator.extract(carried(h)) for h in headers]
+        # A message whose trace ingest's sampler left out passes on as it came: no span.
+        parents = [None if _left_out(h) else _propagator.extract(carried(h)) for h in headers]
         links = [
             Link(context)
             for parent in parents
-            if (context := trace.get_current_span(parent).get_span_context()).is_valid
+            if parent is not None
+            and (context := trace.get_current_span(parent).get_span_context()).is_valid
         ]
         self.batch = tracer_.start_span(
             f"{worker} batch",
@@ -231,12 +236,15 @@ class BatchTrace:
             },
         )
         batch_link = [Link(self.batch.get_span_context())]
-        self.messages: list[Span] = []
-        self._headers: list[dict[str, Any]] = []
-        for parent, h, (event_id, payment_id) in zip(parents, headers, ids, strict=True):
+        self.messages: list[Span | None] = []
+        self._headers: list[Mapping[str, Any]] = []
+        for i, (parent, h) in enumerate(zip(parents, headers, strict=True)):
+            if parent is None:
+                self.messages.append(None)
+                self._headers.append(h)
+                continue
+            event_id, payment_id = ids(i)
             attributes = {
-                "messaging.system": "rabbitmq",
-                "messaging.destination.name": queue,
                 "messaging.message.id": event_id,
                 "payhooks.event_id": event_id,
             }
@@ -255,7 +263,7 @@ class BatchTrace:
             inject(passed_on, span)
             self._headers.append({**own, **passed_on})
 
-    def headers(self, i: int) -> dict[str, Any]:
+    def headers(self, i: int) -> Mapping[str, Any]:
         return self._headers[i]
 
     def use(self) -> Any:
@@ -268,6 +276,8 @@ class BatchTrace:
         from opentelemetry.trace import StatusCode
 
         for span, outcome in zip(self.messages, outcomes, strict=True):
+            if span is None:
+                continue
             span.set_attribute("payhooks.outcome", outcome)
             if outcome not in ("ok", "skipped_duplicate", "parked"):
                 span.set_status(StatusCode.ERROR, outcome)

@@ -443,7 +443,7 @@ def _trace(name: str, queue: str, deliveries: list[Delivery]) -> tracing.BatchTr
         name,
         queue,
         [d.headers for d in deliveries],
-        [(d.message_id, _payment_id(d.body)) for d in deliveries],
+        lambda i: (deliveries[i].message_id, _payment_id(deliveries[i].body)),
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind
 
 from shared import tracing
@@ -35,11 +36,12 @@ EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """Tracing on, into memory, before the apps are made (aiohttp's instrumentation wraps
-    web.Application); off again after."""
+def spans(request: pytest.FixtureRequest) -> Iterator[InMemorySpanExporter]:
+    """Tracing on, into memory, before the apps are made; off again after. A test may give
+    the sampler (indirect parameter)."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    sampler = getattr(request, "param", None)
+    provider = TracerProvider() if sampler is None else TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(provider)
     try:
@@ -147,6 +149,25 @@ async def test_one_payment_is_one_trace_across_every_service(
             assert not any(secret in value for secret in forbidden), span.name
 
     # The end-to-end latency: observed at each effect, tracing or not.
+    for worker in ("orders", "bonuses", "email"):
+        assert _effect_count(system, worker) >= 1, worker
+
+
+@pytest.mark.parametrize("spans", [ParentBased(ALWAYS_OFF)], indirect=True)
+async def test_a_payment_ingest_did_not_sample_leaves_no_span_in_any_worker(
+    system: System, spans: InMemorySpanExporter, db: Any
+) -> None:
+    """The decision travels in `traceparent`: the workers make no span of their own for it
+    (no batch span either: nothing in the batch is sampled), and the latency still counts."""
+    payment_id = f"pay_unsampled_{uuid.uuid4().hex[:8]}"
+    await register(db, payment_id)
+    body, headers = delivery(payment_event(payment_id, "paid"), SECRET)
+    response = await system.ingest.post("/webhooks/xhub", data=body, headers=headers)
+    assert response.status == 200, await response.text()
+    await quiescent(db, system)
+    assert (await effects(db, payment_id))["emails"] == ["payment_succeeded"]
+    names = {s.name for s in spans.get_finished_spans()}
+    assert not {n for n in names if n.endswith((" message", " batch")) or n == "smtp send"}
     for worker in ("orders", "bonuses", "email"):
         assert _effect_count(system, worker) >= 1, worker
 
