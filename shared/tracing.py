@@ -31,6 +31,8 @@ RECEIVED_AT = "received-at"
 # The headers a message passes on to the messages that follow from it (the outbox's).
 CARRIED = (TRACEPARENT, TRACESTATE, RECEIVED_AT)
 
+# What marks asyncpg's query spans (old and new semantic conventions).
+_QUERY_KEYS = frozenset({"db.system", "db.system.name"})
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 _tracer: Tracer | None = None
@@ -63,11 +65,45 @@ def configure(service: str) -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
-    provider = TracerProvider(resource=Resource.create(attributes))
+    chosen = TracerProvider().sampler  # OTEL_TRACES_SAMPLER's, as the SDK reads it
+    provider = TracerProvider(
+        resource=Resource.create(attributes), sampler=_without_lone_queries(chosen)
+    )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     install(provider)
     return True
+
+
+def _without_lone_queries(sampler: Any) -> Any:
+    """`sampler`, except that a query outside any span (a relay's poll, a worker's controls
+    re-read every second) starts no trace of its own: a query is traced within a payment's
+    request or a worker's batch."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class WithoutLoneQueries(Sampler):
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: Any = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> SamplingResult:
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if not parent.is_valid and attributes and _QUERY_KEYS & attributes.keys():
+                return SamplingResult(Decision.DROP)
+            return sampler.should_sample(  # type: ignore[no-any-return]
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"WithoutLoneQueries{{{sampler.get_description()}}}"
+
+    return WithoutLoneQueries()
 
 
 def install(provider: TracerProvider) -> None:
