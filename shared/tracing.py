@@ -271,6 +271,7 @@ class BatchTrace:
                 "messaging.batch.message_count": len(headers),
             },
         )
+        self._finished = False
         batch_link = [Link(self.batch.get_span_context())]
         self.messages: list[Span | None] = []
         self._headers: list[Mapping[str, Any]] = []
@@ -309,7 +310,12 @@ class BatchTrace:
         return trace.use_span(self.batch, end_on_exit=False)
 
     def finish(self, outcomes: Sequence[str]) -> None:
+        """End the spans, each message's with its outcome (once: later calls do nothing)."""
         from opentelemetry.trace import StatusCode
+
+        if self._finished:
+            return
+        self._finished = True
 
         for span, outcome in zip(self.messages, outcomes, strict=True):
             if span is None:

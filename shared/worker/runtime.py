@@ -237,6 +237,22 @@ class Worker:
             deliveries = [
                 dataclasses.replace(d, headers=traced.headers(i)) for i, d in enumerate(deliveries)
             ]
+        try:
+            await self._handle(messages, deliveries, handled, results, started, traced)
+        except BaseException:
+            if traced is not None:  # what raised is logged by the caller; the spans end
+                traced.finish(["failed"] * len(messages))
+            raise
+
+    async def _handle(
+        self,
+        messages: list[AbstractIncomingMessage],
+        deliveries: list[Delivery],
+        handled: list[int],
+        results: list[Result],
+        started: float,
+        traced: tracing.BatchTrace | None,
+    ) -> None:
         with structlog.contextvars.bound_contextvars(worker=self.name):
             if handled:
                 with traced.use() if traced is not None else contextlib.nullcontext():
