@@ -40,6 +40,10 @@ _CLOCK_SKEW_BUCKETS = (
     *(1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 3600.0),
 )
 
+# Webhook received -> effect (an order transition, a bonus grant, an email accepted by the
+# SMTP server): a healthy pipeline takes well under a second; retries take minutes.
+_EFFECT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
 _PROVIDER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -246,6 +250,7 @@ class WorkerMetrics:
     messages_processed: Counter
     processing_duration: Histogram
     paused: Gauge
+    effect_latency: Histogram
 
     @classmethod
     def create(cls, worker: str, registry: CollectorRegistry | None = None) -> WorkerMetrics:
@@ -276,11 +281,23 @@ class WorkerMetrics:
                 registry=registry,
                 multiprocess_mode="max",
             ),
+            effect_latency=Histogram(
+                "payhooks_payment_effect_latency_seconds",
+                "From the webhook's arrival at ingest to a worker's effect of it (orders: the"
+                " transition; bonuses: the grant; email: the SMTP server's acceptance),"
+                " observed when that effect commits.",
+                ["worker"],
+                buckets=_EFFECT_BUCKETS,
+                registry=registry,
+            ),
         )
 
     def observe(self, outcome: str, duration_s: float) -> None:
         self.messages_processed.labels(worker=self.worker, outcome=outcome).inc()
         self.processing_duration.labels(worker=self.worker).observe(duration_s)
+
+    def observe_effect(self, latency_s: float) -> None:
+        self.effect_latency.labels(worker=self.worker).observe(latency_s)
 
 
 @dataclass(frozen=True, slots=True)

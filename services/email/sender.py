@@ -21,6 +21,7 @@ from services.email.smtp import (
     Transaction,
 )
 from services.email.templates import OutgoingEmail
+from shared import tracing
 from shared.config import Settings
 from shared.config_values import SMTP_TLS_MODES
 from shared.errors import Dependency, TransientError
@@ -134,7 +135,10 @@ class SmtpSender:
             end = start + size + (i < extra)
             runs.append(emails[start:end])
             start = end
-        results = await asyncio.gather(*(self._send_run(run) for run in runs))
+        # A span of its own while tracing is on (the batch's child): the SMTP conversation,
+        # up to the server's acceptance. Only counts: no address (shared/tracing.py).
+        with tracing.StepSpan("smtp send", **{"payhooks.emails": len(emails)}):
+            results = await asyncio.gather(*(self._send_run(run) for run in runs))
         return [error for run in results for error in run]
 
     async def _send_run(self, emails: Sequence[OutgoingEmail]) -> list[Exception | None]:

@@ -9,7 +9,7 @@ import contextlib
 import functools
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -19,6 +19,7 @@ import structlog
 
 from services.ingest.admission import AdmissionConfig, DrainRate
 from services.ingest.webhook import Webhook
+from shared import tracing
 from shared.amqp.alarms import BlockedError
 from shared.amqp.broker import Broker
 from shared.amqp.outgoing import Outgoing
@@ -111,16 +112,25 @@ class _Item:
     # batch then leaves it alone).
     future: asyncio.Future[Outcome]
     arrived: float  # event loop time
+    # The headers its message carries for what follows (shared/tracing.py): when it arrived,
+    # and the request span's trace context while tracing is on.
+    carried: dict[str, str]
 
 
-def outgoing(provider: str, event_id: str, event_type: str, body: bytes) -> Outgoing:
+def outgoing(
+    provider: str,
+    event_id: str,
+    event_type: str,
+    body: bytes,
+    carried: Mapping[str, str] | None = None,
+) -> Outgoing:
     """The message of a stored webhook (message id = event id, routed by event type; AMQP
     short strings hold 255 bytes, the full type and id stay in the body and the inbox). Its
     body is the provider's event as payhooks' canonical one (X-Hub's is already), its id the
     event id (after the provider's prefix: X-Hub's is none)."""
     key = routing_key(event_type)
     message_id, canonical = message_of(provider, event_id, body)
-    return Outgoing(key, canonical, message_id, key, {"provider": provider})
+    return Outgoing(key, canonical, message_id, key, {"provider": provider, **(carried or {})})
 
 
 class Acceptor:
@@ -164,7 +174,9 @@ class Acceptor:
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._admit(deadline, now)
-        item = _Item(webhook, headers, loop.create_future(), now)
+        tracing.annotate(event_id=webhook.event_id, payment_id=webhook.payment_id)
+        carried = {tracing.RECEIVED_AT: f"{time.time():.3f}", **tracing.current_headers()}
+        item = _Item(webhook, headers, loop.create_future(), now, carried)
         self._pending.append(item)
         self._wakeup.set()
         if len(self._pending) >= self._config.gather_enough:
@@ -298,7 +310,16 @@ class Acceptor:
                 to_send.append((entry, row))
         started = time.perf_counter()
         sent = await self._broker.start_publishes(
-            [outgoing(self._provider, e.event_id, e.event_type, e.body) for e, _ in to_send]
+            [
+                outgoing(
+                    self._provider,
+                    e.event_id,
+                    e.event_type,
+                    e.body,
+                    groups[e.event_id][0].carried,
+                )
+                for e, _ in to_send
+            ]
         )
         now = time.monotonic()
         for (_, row), future in zip(to_send, sent, strict=True):

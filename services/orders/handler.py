@@ -16,6 +16,7 @@ import orjson
 import structlog
 
 from services.orders.outbox import OutboxRelay
+from shared import tracing
 from shared.db import Executor
 from shared.messages import OrderTransition, checked_at_of
 from shared.metrics import OrderMetrics
@@ -39,6 +40,8 @@ class _Writes:
     state: OrderState | None
     transitions: list[orders_sql.TransitionRow]
     outbox: list[tuple[str, str, bytes]]
+    # What the event passes on to its outbox messages (shared/tracing.py CARRIED).
+    carried: dict[str, str]
 
 
 class _Batch:
@@ -81,7 +84,9 @@ class _Batch:
             await orders_sql.flag_undecided(conn, event.payment_id, decision.reason.value)
         elif event.checked_at is not None and decision.events:
             await orders_sql.clear_undecided(conn, event.payment_id, event.checked_at)
-        writes = _Writes(event.payment_id, decision.new_state, [], [])
+        writes = _Writes(
+            event.payment_id, decision.new_state, [], [], tracing.carried(delivery.headers)
+        )
         if decision.new_state is not None:
             # As saved: updated_at becomes the transaction's now().
             self._states[event.payment_id] = replace(decision.new_state, changed_at=row["tx_now"])
@@ -124,7 +129,7 @@ class _Batch:
                 to_status=(decision.new_state or state).status.value,
             )
             if writes.outbox:
-                self._relay.committed(writes.outbox)
+                self._relay.committed(writes.outbox, [writes.carried] * len(writes.outbox))
 
         step.after_commit(committed)
         return "ok"
@@ -183,7 +188,8 @@ class _Batch:
         if transitions := [t for w in writes for t in w.transitions]:
             await orders_sql.add_transitions(conn, transitions)
         if outbox := [m for w in writes for m in w.outbox]:
-            await outbox_sql.add_many_to_outbox(conn, outbox)
+            carried = [w.carried for w in writes for _ in w.outbox]
+            await outbox_sql.add_many_to_outbox(conn, outbox, carried)
         return {}
 
 

@@ -13,7 +13,7 @@ doesn't matter to the consumers: bonuses and emails follow the order's current s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -54,12 +54,18 @@ class OutboxRelay:
         self._committed: list[Outgoing] = []
         self._next_sweep = 0.0
 
-    def committed(self, rows: Sequence[tuple[str, str, bytes]]) -> None:
-        """Outbox rows (message id, routing key, body) a transaction just committed: publish
-        them now, not at the next sweep."""
+    def committed(
+        self,
+        rows: Sequence[tuple[str, str, bytes]],
+        headers: Sequence[Mapping[str, str]] | None = None,
+    ) -> None:
+        """Outbox rows (message id, routing key, body) a transaction just committed, and
+        each one's carried headers if any: publish them now, not at the next sweep."""
         self._committed.extend(
-            Outgoing(routing_key, body, message_id, routing_key, _HEADERS)
-            for message_id, routing_key, body in rows
+            Outgoing(routing_key, body, message_id, routing_key, {**_HEADERS, **carried})
+            for (message_id, routing_key, body), carried in zip(
+                rows, headers or [{}] * len(rows), strict=True
+            )
         )
         self._wakeup.set()
 
@@ -124,7 +130,8 @@ def _publish_failed(message_id: str, error: BaseException) -> None:
 
 
 def _outgoing(row: outbox_sql.OutboxMessage) -> Outgoing:
-    return Outgoing(row.routing_key, row.body, row.message_id, row.routing_key, _HEADERS)
+    headers = {**_HEADERS, **row.headers} if row.headers else _HEADERS
+    return Outgoing(row.routing_key, row.body, row.message_id, row.routing_key, headers)
 
 
 async def _mark(conn: Executor, rows: list[outbox_sql.OutboxMessage]) -> None:

@@ -16,6 +16,7 @@ import structlog
 import uvloop
 from aiohttp import web
 
+from shared import tracing
 from shared.config import ConfigError, Settings
 from shared.errors import EXIT_USAGE
 from shared.metrics import multiprocess_registry
@@ -115,6 +116,9 @@ def serve(service: Service) -> None:
         raise SystemExit(EXIT_USAGE) from None
     configure_logging(settings.log_level, settings.log_format)
     raise_to_hard_limit()  # before the app: ingest sizes its in-flight cap by it
+    # Traces only where OTEL_EXPORTER_OTLP_ENDPOINT asks (docs/observability.md); before the
+    # app is made (aiohttp's instrumentation wraps web.Application).
+    tracing.configure(f"payhooks-{service.name}")
     if (copies := service.processes(settings)) > 1 and supervised_by() is None:
         raise SystemExit(supervise(service.name, copies))
     try:

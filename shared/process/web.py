@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shared import tracing
 from shared.process import http_limits
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
@@ -88,6 +89,7 @@ def base_app(
     app = web.Application(
         client_max_size=client_max_size,
         handler_args={"auto_decompress": False} if raw_bodies else None,
+        middlewares=tracing.middlewares(),  # none unless tracing is on
     )
     app[REGISTRY] = registry
     app[READINESS_CHECKS] = []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import orjson
 
 from shared.db import Executor, columns
 from shared.queries import without_flush_wait
@@ -15,18 +17,27 @@ class OutboxMessage:
     message_id: str
     routing_key: str
     body: bytes
+    # What the message carries besides the schema header (shared/tracing.py CARRIED).
+    headers: dict[str, str] = field(default_factory=dict)
 
 
-async def add_many_to_outbox(conn: Executor, messages: Sequence[tuple[str, str, bytes]]) -> None:
+async def add_many_to_outbox(
+    conn: Executor,
+    messages: Sequence[tuple[str, str, bytes]],
+    headers: Sequence[Mapping[str, str]] | None = None,
+) -> None:
     """Transitions' (message id, routing key, body) in one statement, in the order given
-    (the relay publishes by id); a message id already there is left as it is."""
+    (the relay publishes by id); a message id already there is left as it is. `headers`:
+    each message's carried headers (shared/tracing.py), in the same order."""
+    stored = [orjson.dumps(h).decode() if h else None for h in headers or []]
     await conn.execute(
-        "INSERT INTO outbox (message_id, routing_key, body)"
-        " SELECT t.message_id, t.routing_key, t.body"
-        " FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY"
-        " AS t(message_id, routing_key, body, n) ORDER BY t.n"
+        "INSERT INTO outbox (message_id, routing_key, body, headers)"
+        " SELECT t.message_id, t.routing_key, t.body, t.headers::jsonb"
+        " FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY"
+        " AS t(message_id, routing_key, body, headers, n) ORDER BY t.n"
         " ON CONFLICT (message_id) DO NOTHING",
         *columns(messages, 3),
+        stored or [None] * len(messages),
     )
 
 
@@ -36,7 +47,8 @@ async def lock_unpublished_outbox(
     """Oldest unpublished outbox rows committed more than `older_than_s` ago, locked; other
     relays skip them (SKIP LOCKED)."""
     rows = await conn.fetch(
-        "SELECT id, message_id, routing_key, body FROM outbox WHERE published_at IS NULL"
+        "SELECT id, message_id, routing_key, body, coalesce(headers, '{}') AS headers"
+        " FROM outbox WHERE published_at IS NULL"
         " AND created_at < now() - make_interval(secs => $1)"
         " ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED",
         older_than_s,

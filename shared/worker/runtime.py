@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import time
 from collections import Counter, deque
@@ -23,6 +24,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiormq.abc import AbstractChannel
 from aiormq.exceptions import ChannelInvalidStateError
 
+from shared import tracing
 from shared.amqp.broker import Broker
 from shared.amqp.outgoing import persistent_copy
 from shared.amqp.topology import WorkQueue
@@ -31,7 +33,7 @@ from shared.errors import Dependency, PermanentError, TransientError
 from shared.metrics import WorkerMetrics
 from shared.outages import outage_of
 from shared.process.tasks import cancel_and_wait
-from shared.vocabulary import ATTEMPTS, LAST_ERROR
+from shared.vocabulary import ATTEMPTS, LAST_ERROR, REPLAY, REPROCESS
 from shared.worker import failures
 from shared.worker.acks import AckWindow
 from shared.worker.batches import BatchHandler, Delivery, Result, about_payment
@@ -226,11 +228,36 @@ class Worker:
         results: list[Result] = [
             MissingMessageIdError("message has no message_id (no idempotency key)")
         ] * len(messages)
+        traced = (
+            _trace(self.name, self._queue.name, deliveries)
+            if tracing.worth_tracing([d.headers for d in deliveries])
+            else None
+        )
+        if traced is not None:
+            deliveries = [
+                dataclasses.replace(d, headers=traced.headers(i)) for i, d in enumerate(deliveries)
+            ]
+        try:
+            await self._handle(messages, deliveries, handled, results, started, traced)
+        except BaseException:
+            if traced is not None:  # what raised is logged by the caller; the spans end
+                traced.finish(["failed"] * len(messages))
+            raise
+
+    async def _handle(
+        self,
+        messages: list[AbstractIncomingMessage],
+        deliveries: list[Delivery],
+        handled: list[int],
+        results: list[Result],
+        started: float,
+        traced: tracing.BatchTrace | None,
+    ) -> None:
         with structlog.contextvars.bound_contextvars(worker=self.name):
             if handled:
-                for i, result in zip(
-                    handled, await self._handler([deliveries[i] for i in handled]), strict=True
-                ):
+                with traced.use() if traced is not None else contextlib.nullcontext():
+                    answers = await self._handler([deliveries[i] for i in handled])
+                for i, result in zip(handled, answers, strict=True):
                     results[i] = result
             ok = [m for m, r in zip(messages, results, strict=True) if isinstance(r, str)]
             outages = {
@@ -265,12 +292,26 @@ class Worker:
             for outcome in outcomes:
                 if outcome != "handed_back":  # not finished: it comes again
                     self._metrics.observe(outcome, duration_s)
+            self._observe_effects(deliveries, outcomes)
+            if traced is not None:
+                traced.finish(outcomes)
             log.info(
                 "batch.processed",
                 messages=len(messages),
                 outcomes=dict(Counter(outcomes)),
                 duration_s=round(duration_s, 6),
             )
+
+    def _observe_effects(self, deliveries: list[Delivery], outcomes: list[str]) -> None:
+        """The end-to-end latency of each message that took effect: from the webhook's
+        arrival at ingest (the RECEIVED_AT header) to now. Not for an operator's replay or
+        reprocess (the event arrived long ago on purpose)."""
+        now = time.time()
+        for delivery, outcome in zip(deliveries, outcomes, strict=True):
+            if outcome != "ok" or REPLAY in delivery.headers or REPROCESS in delivery.headers:
+                continue
+            if (received := tracing.received_at(delivery.headers)) is not None:
+                self._metrics.observe_effect(max(0.0, now - received))
 
     async def _on_pause(self, hand_back: bool) -> None:
         """Take nothing more; hand back what has arrived and waits for a batch (an operator's
@@ -410,6 +451,15 @@ def _delivery(message: AbstractIncomingMessage) -> Delivery:
         body=message.body,
         attempts=failures.attempts_of(message.headers or {}),
         headers=message.headers or {},
+    )
+
+
+def _trace(name: str, queue: str, deliveries: list[Delivery]) -> tracing.BatchTrace:
+    return tracing.BatchTrace(
+        name,
+        queue,
+        [d.headers for d in deliveries],
+        lambda i: (deliveries[i].message_id, _payment_id(deliveries[i].body)),
     )
 
 

@@ -55,6 +55,8 @@ class Metric:
 _WORKER_METRICS = {
     "payhooks_messages_processed_total": Metric("counter", ("worker", "outcome")),
     "payhooks_processing_duration_seconds": Metric("histogram", ("worker",)),
+    # Webhook received -> this worker's effect (shared/tracing.py RECEIVED_AT).
+    "payhooks_payment_effect_latency_seconds": Metric("histogram", ("worker",)),
     "payhooks_worker_paused": Metric("gauge", ("worker", "dependency")),
     # An operator's pause and rate cap (shared/worker/controls.py): the same on every replica.
     "payhooks_worker_operator_paused": Metric("gauge", ("worker",)),
@@ -214,6 +216,7 @@ DASHBOARD_MUST_QUERY = frozenset(
         "payhooks_queue_oldest_message_age_seconds",
         "payhooks_messages_processed_total",
         "payhooks_processing_duration_seconds_bucket",
+        "payhooks_payment_effect_latency_seconds_bucket",
         "payhooks_bonus_points_granted_total",
         "payhooks_emails_sent_total",
         "payhooks_reconcile_repairs_total",

@@ -6,11 +6,12 @@ what pyproject.toml says.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 import tomllib
 from collections.abc import Iterable
-from importlib.metadata import packages_distributions
+from importlib.metadata import distributions, packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,19 +44,50 @@ def locked(lock_file: str) -> dict[str, str]:
     }
 
 
+# Namespace packages several distributions share: the distribution is found by the full module.
+NAMESPACES = {"opentelemetry"}
+
+
 def imported_distributions(*folders: str) -> set[str]:
     modules: set[str] = set()
+    namespaced: set[str] = set()
     for folder in folders:
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
-                    modules.update(alias.name.split(".")[0] for alias in node.names)
+                    names = [alias.name for alias in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                    modules.add(node.module.split(".")[0])
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    (namespaced if top in NAMESPACES else modules).add(
+                        name if top in NAMESPACES else top
+                    )
     third_party = modules - OURS - set(sys.stdlib_module_names)
     installed = packages_distributions()
     # A module no installed distribution provides is named as it is imported.
-    return {normalized(d) for m in third_party for d in installed.get(m, [m])}
+    found = {normalized(d) for m in third_party for d in installed.get(m, [m])}
+    return found | {d for m in namespaced if (d := _namespaced_distribution(m))}
+
+
+def _namespaced_distribution(module: str) -> str | None:
+    """The distribution with the file of `module` (a package's __init__ or a module), if any
+    (`from opentelemetry.x import Y`: Y may be a name, not a module)."""
+    parts = tuple(module.split("."))
+    files = _namespace_files()
+    return files.get((*parts, "__init__.py")) or files.get((*parts[:-1], parts[-1] + ".py"))
+
+
+@functools.cache
+def _namespace_files() -> dict[tuple[str, ...], str]:
+    return {
+        tuple(f.parts): normalized(dist.metadata["Name"])
+        for dist in distributions()
+        for f in dist.files or []
+        if f.parts and f.parts[0] in NAMESPACES
+    }
 
 
 def test_the_package_imports_only_its_dependencies() -> None:

@@ -1,0 +1,348 @@
+"""OpenTelemetry traces of one payment, from the webhook's arrival to the email's acceptance by
+the SMTP server (docs/observability.md). Off unless OTEL_EXPORTER_OTLP_ENDPOINT (or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set: then nothing from opentelemetry is imported and
+every helper here costs one check of a module global.
+
+The context travels as W3C trace context in AMQP message headers (`traceparent`), and through
+the orders outbox in the row's headers. Workers consume in batches, so a batch gets a span of
+its own (linked to every message's context) and each message a span that continues its
+payment's trace (linked to the batch's); the next message published for it (the outbox's
+`order.*`) carries that message span's context.
+
+Attributes carry ids only (event, payment, queue, outcome): never a body, an email address, a
+secret or a signature (tests/integration/test_traces.py)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+# When ingest received the webhook (Unix seconds, as text), carried by every message that
+# follows from it, traced or not: the end-to-end latency histogram reads it.
+RECEIVED_AT = "received-at"
+# The headers a message passes on to the messages that follow from it (the outbox's).
+CARRIED = (TRACEPARENT, TRACESTATE, RECEIVED_AT)
+
+# What marks asyncpg's query spans (old and new semantic conventions).
+_QUERY_KEYS = frozenset({"db.system", "db.system.name"})
+_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+_tracer: Tracer | None = None
+_middleware: Any = None
+_propagator: Any = None
+_uninstrument: list[Any] = []
+
+
+def wanted(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment turns tracing on: an OTLP endpoint, and the SDK not disabled."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return any(env.get(name) for name in _ENDPOINTS)
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def configure(service: str) -> bool:
+    """At a service's start: tracing on if the environment wants it, spans exported over
+    OTLP/HTTP in batches. The SDK reads the other OTEL_* variables itself (OTEL_SERVICE_NAME,
+    which wins over `service`, OTEL_TRACES_SAMPLER, OTEL_EXPORTER_OTLP_HEADERS, ...)."""
+    if _tracer is not None or not wanted():
+        return _tracer is not None
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
+    chosen = TracerProvider().sampler  # OTEL_TRACES_SAMPLER's, as the SDK reads it
+    provider = TracerProvider(
+        resource=Resource.create(attributes), sampler=_without_lone_queries(chosen)
+    )
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    install(provider)
+    return True
+
+
+def _without_lone_queries(sampler: Any) -> Any:
+    """`sampler`, except that a query outside any span (a relay's poll, a worker's controls
+    re-read every second) starts no trace of its own: a query is traced within a payment's
+    request or a worker's batch."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class WithoutLoneQueries(Sampler):
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: Any = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> SamplingResult:
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if not parent.is_valid and attributes and _QUERY_KEYS & attributes.keys():
+                return SamplingResult(Decision.DROP)
+            return sampler.should_sample(  # type: ignore[no-any-return]
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"WithoutLoneQueries{{{sampler.get_description()}}}"
+
+    return WithoutLoneQueries()
+
+
+def install(provider: TracerProvider) -> None:
+    """Trace with `provider` (configure's, or a test's with an in-memory exporter): our spans,
+    aiohttp's server requests (middlewares()) and asyncpg's queries. Before the apps are made."""
+    global _tracer, _middleware, _propagator
+    # Probes and scrapes are no part of a payment's story (read when the module is imported).
+    os.environ.setdefault("OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS", "/healthz,/readyz,/metrics")
+    from aiohttp import web
+    from opentelemetry.instrumentation.aiohttp_server import (
+        AioHttpServerInstrumentor,
+        create_aiohttp_middleware,
+    )
+    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    application = web.Application
+    requests = AioHttpServerInstrumentor()
+    queries = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
+    for instrumentor in (requests, queries):
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            with warnings.catch_warnings():  # the subclass below, which is then put away
+                warnings.filterwarnings("ignore", "Inheritance class", DeprecationWarning)
+                instrumentor.instrument(tracer_provider=provider)
+            _uninstrument.append(instrumentor)
+    # aiohttp's instrumentor sets itself up (excluded URLs, semantic conventions, meters) and
+    # swaps web.Application for a subclass that adds its middleware, which aiohttp 3.14
+    # deprecates: aiohttp's own class stays, and our apps add the same middleware themselves
+    # (shared/process/web.py base_app).
+    web.Application = application  # type: ignore[misc]
+    _middleware = create_aiohttp_middleware(tracer_provider=provider)
+    _propagator = TraceContextTextMapPropagator()  # W3C trace context only: no baggage
+    _tracer = provider.get_tracer("payhooks")
+
+
+def middlewares() -> list[Any]:
+    """The aiohttp server instrumentation's middleware while tracing is on, else none."""
+    return [] if _middleware is None else [_middleware]
+
+
+def uninstall() -> None:
+    """Tracing off again (tests)."""
+    global _tracer, _middleware
+    while _uninstrument:
+        _uninstrument.pop().uninstrument()
+    _tracer = _middleware = None
+
+
+def tracer() -> Tracer:
+    assert _tracer is not None, "tracing is off"
+    return _tracer
+
+
+def inject(headers: MutableMapping[str, str], span: Span | None = None) -> None:
+    """Put `span`'s context (or the current one) in `headers` as W3C trace context. Only
+    while tracing is on."""
+    from opentelemetry import trace
+
+    context = trace.set_span_in_context(span) if span is not None else None
+    _propagator.inject(headers, context=context)
+
+
+def current_headers() -> dict[str, str]:
+    """The current span's context as message headers; {} while tracing is off."""
+    if _tracer is None:
+        return {}
+    headers: dict[str, str] = {}
+    inject(headers)
+    return headers
+
+
+def annotate(**attributes: str | None) -> None:
+    """Set ids on the current span (ingest's request span): only while tracing is on."""
+    if _tracer is None:
+        return
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    for key, value in attributes.items():
+        if value:
+            span.set_attribute(f"payhooks.{key}", value)
+
+
+def carried(headers: Mapping[str, Any]) -> dict[str, str]:
+    """What a message passes on to the messages that follow from it (CARRIED), as text."""
+    out: dict[str, str] = {}
+    for name in CARRIED:
+        value = headers.get(name)
+        if isinstance(value, bytes):
+            value = value.decode("ascii", "replace")
+        if isinstance(value, str) and value:
+            out[name] = value
+    return out
+
+
+def received_at(headers: Mapping[str, Any]) -> float | None:
+    """The RECEIVED_AT header as Unix seconds; None without one (or a bad one)."""
+    value = headers.get(RECEIVED_AT)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    try:
+        return float(value) if isinstance(value, str | int | float) else None
+    except ValueError:
+        return None
+
+
+def worth_tracing(headers: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a batch gets spans: tracing is on, and a message of it is sampled (its
+    `traceparent` flags) or starts a trace here (none: the sampler decides). Messages whose
+    traces ingest's sampler left out cost nothing more: their headers pass on as they came,
+    and so does the decision."""
+    return _tracer is not None and not all(_left_out(h) for h in headers)
+
+
+def _left_out(headers: Mapping[str, Any]) -> bool:
+    """Whether the message carries a trace context whose sampled flag is off."""
+    value = headers.get(TRACEPARENT)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or len(value) < 55:
+        return False  # none (or not one we read): a new trace, as the sampler decides
+    try:
+        return not int(value[53:55], 16) & 1
+    except ValueError:
+        return False
+
+
+class BatchTrace:
+    """The spans of one worker batch (only while tracing is on): `<worker> batch`, current
+    while the batch is handled (so asyncpg's query spans nest under it) and linked to every
+    message's context; and `<worker> message` per message, a child of the context the
+    message carries, linked to the batch span. `headers(i)` is message i's headers with the
+    message span's context in place of the received one, for what the handler publishes
+    from it."""
+
+    def __init__(
+        self,
+        worker: str,
+        queue: str,
+        headers: Sequence[Mapping[str, Any]],
+        ids: Callable[[int], tuple[str, str | None]],
+    ) -> None:
+        """`ids(i)`: message i's event id and payment id (read only for a traced message)."""
+        from opentelemetry import trace
+        from opentelemetry.trace import Link, SpanKind
+
+        tracer_ = tracer()
+        # A message whose trace ingest's sampler left out passes on as it came: no span.
+        parents = [None if _left_out(h) else _propagator.extract(carried(h)) for h in headers]
+        links = [
+            Link(context)
+            for parent in parents
+            if parent is not None
+            and (context := trace.get_current_span(parent).get_span_context()).is_valid
+        ]
+        self.batch = tracer_.start_span(
+            f"{worker} batch",
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.destination.name": queue,
+                "messaging.batch.message_count": len(headers),
+            },
+        )
+        self._finished = False
+        batch_link = [Link(self.batch.get_span_context())]
+        self.messages: list[Span | None] = []
+        self._headers: list[Mapping[str, Any]] = []
+        for i, (parent, h) in enumerate(zip(parents, headers, strict=True)):
+            if parent is None:
+                self.messages.append(None)
+                self._headers.append(h)
+                continue
+            event_id, payment_id = ids(i)
+            attributes = {
+                "messaging.message.id": event_id,
+                "payhooks.event_id": event_id,
+            }
+            if payment_id:
+                attributes["payhooks.payment_id"] = payment_id
+            span = tracer_.start_span(
+                f"{worker} message",
+                context=parent,
+                kind=SpanKind.CONSUMER,
+                links=batch_link,
+                attributes=attributes,
+            )
+            self.messages.append(span)
+            own = {k: v for k, v in h.items() if k not in (TRACEPARENT, TRACESTATE)}
+            passed_on: dict[str, str] = {}
+            inject(passed_on, span)
+            self._headers.append({**own, **passed_on})
+
+    def headers(self, i: int) -> Mapping[str, Any]:
+        return self._headers[i]
+
+    def use(self) -> Any:
+        """The batch span as the current one (a context manager)."""
+        from opentelemetry import trace
+
+        return trace.use_span(self.batch, end_on_exit=False)
+
+    def finish(self, outcomes: Sequence[str]) -> None:
+        """End the spans, each message's with its outcome (once: later calls do nothing)."""
+        from opentelemetry.trace import StatusCode
+
+        if self._finished:
+            return
+        self._finished = True
+
+        for span, outcome in zip(self.messages, outcomes, strict=True):
+            if span is None:
+                continue
+            span.set_attribute("payhooks.outcome", outcome)
+            if outcome not in ("ok", "skipped_duplicate", "parked"):
+                span.set_status(StatusCode.ERROR, outcome)
+            span.end()
+        self.batch.end()
+
+
+class StepSpan:
+    """A span of our own around a step (the email worker's SMTP run), child of the current
+    one; a no-op context manager while tracing is off."""
+
+    __slots__ = ("_attributes", "_cm", "_name")
+
+    def __init__(self, name: str, **attributes: str | int) -> None:
+        self._name, self._attributes = name, attributes
+        self._cm: Any = None
+
+    def __enter__(self) -> None:
+        if _tracer is not None:
+            self._cm = _tracer.start_as_current_span(self._name, attributes=self._attributes)
+            self._cm.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._cm is not None:
+            self._cm.__exit__(*exc)
+            self._cm = None
