@@ -38,11 +38,14 @@ url = Settings.from_env({k: os.environ[k] for k in ["DATABASE_URL"] if k in os.e
 print(urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/payhooks_" + sys.argv[1])))' "$NAME")
 # The reconciler's timings are a few hundred times shorter than production's, so its questions
 # come that much more often: the provider-call budget (XHUB_API_RATE) grows with them.
-# Standard Webhooks' secret is whsec_ + base64 of the key ("demo-standard-secret").
+# Standard Webhooks' secret is whsec_ + base64 of the key ("demo-standard-secret"); Stripe's is
+# used as given, and its API (STRIPE_API_URL, STRIPE_API_KEY) is the simulator's too.
 export DATABASE_URL AMQP_PREFIX=$NAME. LOG_LEVEL=WARNING \
     XHUB_WEBHOOK_SECRETS=demo-secret ADMIN_TOKEN=demo-admin-token \
     STANDARD_WEBHOOK_SECRETS=whsec_ZGVtby1zdGFuZGFyZC1zZWNyZXQ= \
+    STRIPE_WEBHOOK_SECRETS=whsec_demo_stripe_secret \
     XHUB_API_URL=http://127.0.0.1:$SIM_PORT XHUB_API_KEY=demo-provider-key \
+    STRIPE_API_URL=http://127.0.0.1:$SIM_PORT STRIPE_API_KEY=sk_test_demo_stripe_key \
     RECONCILE_INTERVAL=2 RECONCILE_AFTER=3 XHUB_API_RATE=100 RETRY_DELAYS=0.5,1,2 \
     INGEST_PORT=${SERVICE_PORTS[0]} API_PORT=${SERVICE_PORTS[1]} ORDERS_PORT=${SERVICE_PORTS[2]} \
     BONUSES_PORT=${SERVICE_PORTS[3]} EMAIL_PORT=${SERVICE_PORTS[4]} RECONCILER_PORT=${SERVICE_PORTS[5]}
