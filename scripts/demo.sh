@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make demo`: the whole system (`payhooks run all`) plus the simulator driving 300 payments per
-# provider (PROVIDERS, comma-separated, default xhub; xhub,standard: a mixed storm, payments
-# dealt round-robin) with duplicates, reordering and lost webhooks (X-Hub's repaired by the
-# reconciler against the simulator's API; a provider without an API is expected where its sent
-# webhooks bring it), then a check of every payment against what payhooks did.
+# provider (PROVIDERS, comma-separated, default xhub; xhub,standard,stripe: a mixed storm,
+# payments dealt round-robin) with duplicates, reordering and lost webhooks (X-Hub's and
+# Stripe's repaired by the reconciler against the simulator's API; a provider without an API is
+# expected where its sent webhooks bring it), then a check of every payment against what
+# payhooks did.
 # Own database (payhooks_demo on DATABASE_URL's server) and queue prefix (demo.); DEMO_NAME
 # (default demo) names both and the output files, DEMO_PORT_OFFSET moves every port, so a
 # second demo can run beside another's.
@@ -26,6 +27,10 @@ SIM_PORT=$((8090 + OFFSET))
 LOG=$NAME.log
 IFS=, read -ra provider_list <<<"$PROVIDERS"
 PAYMENTS=$((PER_PROVIDER * ${#provider_list[@]}))
+# The reconciler's repairs of lost webhooks trail the storm: it sweeps every order at each
+# provider's question budget (Stripe's 10 a second), so a mixed storm's last repairs come later.
+# The check ends as soon as every payment is right; 30 s per provider is its ceiling.
+CHECK_TIMEOUT=${DEMO_CHECK_TIMEOUT:-$((30 * ${#provider_list[@]}))}
 
 command -v curl >/dev/null || { echo "payhooks demo: needs curl" >&2; exit 1; }
 
@@ -113,7 +118,7 @@ for port in "${SERVICE_PORTS[@]}"; do
 done
 
 sim=("$BIN/payhooks" sim --provider "$PROVIDERS" --api-port "$SIM_PORT" --payments "$PAYMENTS" --duplicates 0.1 --reorder 0.2 --lost 0.03
-    --concurrency 10 --linger 10 --check)
+    --concurrency 10 --linger 10 --check --check-timeout "$CHECK_TIMEOUT")
 if command -v timeout >/dev/null; then
     sim=(timeout --foreground "$SIM_TIMEOUT" "${sim[@]}")  # Ctrl-C reaches the simulator
 fi
