@@ -132,8 +132,7 @@ def _provider_handler(
             return refused
         record = request.app[BOOK].get(request.match_info["payment_id"])
         if record is None or record.provider != provider.name:
-            missing = {"error": {"type": "invalid_request_error", "code": "resource_missing"}}
-            return web.json_response(missing, status=404)
+            return web.json_response({"error": "not found"}, status=404)  # the status decides
         payment = ProviderPayment(
             record.payment_id, record.status, record.amount, record.currency, record.updated_at
         )
