@@ -14,16 +14,19 @@ import orjson
 import pytest
 import stripe
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 from services.sim import scenario
-from services.sim.api import PaymentBook, create_app
+from services.sim.api import PaymentBook, create_app, start_api
 from services.sim.deliverer import playable_providers
 from services.sim.summary import expect
+from shared.metrics import ProviderMetrics
 from shared.providers.base import ProviderPayment
 from shared.providers.stripe import SIGNATURE_HEADER
 from shared.providers.stripe.adapter import STRIPE
 from shared.providers.stripe.events import canonical, minor_units
 from shared.providers.stripe.payments import answer, parse_payment_intent, payment_path
+from shared.providers.xhub.client import PaymentNotFoundError, ProviderClient
 from shared.providers.xhub.events import status_changed
 from shared.vocabulary import OrderStatus
 
@@ -155,3 +158,33 @@ async def test_the_fake_api_answers_each_provider_on_its_own_route() -> None:
         xhub_auth = {"Authorization": "Bearer xhub-key"}
         assert (await client.get("/payments/pay_x", headers=xhub_auth)).status == 200
         assert (await client.get("/payments/pay_s", headers=xhub_auth)).status == 404
+
+
+async def test_the_reconcilers_stripe_client_reads_the_fake_api() -> None:
+    """The reconciler's own client (Stripe's path with expand[], Stripe-Version, the Bearer
+    key) against the simulator's API: every status the simulator holds reads back."""
+    book = PaymentBook()
+    at = datetime(2026, 12, 1, 10, 0, 1, tzinfo=UTC)
+    statuses = ("paid", "refunded", "expired", "cancelled", "failed")
+    for status in statuses:
+        book.set_status(f"pay_{status}", status, Decimal("100.00"), "USD", at, "stripe")
+    runner, url = await start_api(book, "xhub-key", keys={"stripe": "sk_test_sim"})
+    api = STRIPE.payment_api
+    assert api is not None
+    client = ProviderClient.for_api(
+        api, url, "sk_test_sim", ProviderMetrics.create(CollectorRegistry())
+    )
+    await client.start()
+    try:
+        for status in statuses:
+            payment = await client.get_payment(f"pay_{status}")
+            assert (payment.status, payment.amount, payment.currency) == (
+                status,
+                Decimal("100.00"),
+                "USD",
+            )
+        with pytest.raises(PaymentNotFoundError):
+            await client.get_payment("pay_nobody")
+    finally:
+        await client.close()
+        await runner.cleanup()
