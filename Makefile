@@ -15,11 +15,11 @@ help:
 	@echo "make test     - ruff format --check, ruff check, mypy, pytest (what CI runs)"
 	@echo "make lint     - ruff and mypy only"
 	@echo "make bench    - ingest benchmark: batched accept path vs the naive baseline"
-	@echo "make demo     - the whole system plus the simulator (300 payments per provider; PROVIDERS=xhub,standard), checked"
+	@echo "make demo     - the whole system plus the simulator (300 payments per provider; PROVIDERS=xhub,standard,stripe), checked"
 	@echo "make bench-vs-prototype - ingest beside the handbook's reference prototype (needs wrk)"
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 	@echo "make bench-copies - bench.workers, bench.ingest and one quorum queue: single node vs cluster"
-	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail (CHAOS_PROVIDERS=xhub,standard)"
+	@echo "make chaos    - the whole system under traffic while RabbitMQ / PostgreSQL / services fail (CHAOS_PROVIDERS=xhub,standard,stripe)"
 	@echo "make soak     - MINUTES (30) at half the measured capacity, watched for growth"
 	@echo "make cluster-up   - 3 RabbitMQ nodes + PostgreSQL primary/sync standby on private ports"
 	@echo "make cluster-down - remove them (nodes, clusters, files)"
@@ -131,7 +131,7 @@ clean:
 
 # See it work: the whole system plus the simulator driving 300 payments per provider with
 # duplicates, reordering and lost webhooks, then a check of every payment (scripts/demo.sh says
-# how). PROVIDERS=xhub,standard: a mixed storm (payments dealt round-robin). Own database and
+# how). PROVIDERS=xhub,standard,stripe: a mixed storm (payments dealt round-robin). Own database and
 # queue prefix; dependencies checked first, every wait bounded.
 PROVIDERS ?= xhub
 demo: install

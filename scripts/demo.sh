@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make demo`: the whole system (`payhooks run all`) plus the simulator driving 300 payments per
-# provider (PROVIDERS, comma-separated, default xhub; xhub,standard: a mixed storm, payments
-# dealt round-robin) with duplicates, reordering and lost webhooks (X-Hub's repaired by the
-# reconciler against the simulator's API; a provider without an API is expected where its sent
-# webhooks bring it), then a check of every payment against what payhooks did.
+# provider (PROVIDERS, comma-separated, default xhub; xhub,standard,stripe: a mixed storm,
+# payments dealt round-robin) with duplicates, reordering and lost webhooks (X-Hub's and
+# Stripe's repaired by the reconciler against the simulator's API; a provider without an API is
+# expected where its sent webhooks bring it), then a check of every payment against what
+# payhooks did.
 # Own database (payhooks_demo on DATABASE_URL's server) and queue prefix (demo.); DEMO_NAME
 # (default demo) names both and the output files, DEMO_PORT_OFFSET moves every port, so a
 # second demo can run beside another's.
@@ -26,6 +27,10 @@ SIM_PORT=$((8090 + OFFSET))
 LOG=$NAME.log
 IFS=, read -ra provider_list <<<"$PROVIDERS"
 PAYMENTS=$((PER_PROVIDER * ${#provider_list[@]}))
+# The reconciler's repairs of lost webhooks trail the storm: it sweeps every order at each
+# provider's question budget (Stripe's 10 a second), so a mixed storm's last repairs come later.
+# The check ends as soon as every payment is right; 30 s per provider is its ceiling.
+CHECK_TIMEOUT=${DEMO_CHECK_TIMEOUT:-$((30 * ${#provider_list[@]}))}
 
 command -v curl >/dev/null || { echo "payhooks demo: needs curl" >&2; exit 1; }
 
@@ -38,11 +43,14 @@ url = Settings.from_env({k: os.environ[k] for k in ["DATABASE_URL"] if k in os.e
 print(urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/payhooks_" + sys.argv[1])))' "$NAME")
 # The reconciler's timings are a few hundred times shorter than production's, so its questions
 # come that much more often: the provider-call budget (XHUB_API_RATE) grows with them.
-# Standard Webhooks' secret is whsec_ + base64 of the key ("demo-standard-secret").
+# Standard Webhooks' secret is whsec_ + base64 of the key ("demo-standard-secret"); Stripe's is
+# used as given, and its API (STRIPE_API_URL, STRIPE_API_KEY) is the simulator's too.
 export DATABASE_URL AMQP_PREFIX=$NAME. LOG_LEVEL=WARNING \
     XHUB_WEBHOOK_SECRETS=demo-secret ADMIN_TOKEN=demo-admin-token \
     STANDARD_WEBHOOK_SECRETS=whsec_ZGVtby1zdGFuZGFyZC1zZWNyZXQ= \
+    STRIPE_WEBHOOK_SECRETS=whsec_demo_stripe_secret \
     XHUB_API_URL=http://127.0.0.1:$SIM_PORT XHUB_API_KEY=demo-provider-key \
+    STRIPE_API_URL=http://127.0.0.1:$SIM_PORT STRIPE_API_KEY=sk_test_demo_stripe_key \
     RECONCILE_INTERVAL=2 RECONCILE_AFTER=3 XHUB_API_RATE=100 RETRY_DELAYS=0.5,1,2 \
     INGEST_PORT=${SERVICE_PORTS[0]} API_PORT=${SERVICE_PORTS[1]} ORDERS_PORT=${SERVICE_PORTS[2]} \
     BONUSES_PORT=${SERVICE_PORTS[3]} EMAIL_PORT=${SERVICE_PORTS[4]} RECONCILER_PORT=${SERVICE_PORTS[5]}
@@ -110,7 +118,7 @@ for port in "${SERVICE_PORTS[@]}"; do
 done
 
 sim=("$BIN/payhooks" sim --provider "$PROVIDERS" --api-port "$SIM_PORT" --payments "$PAYMENTS" --duplicates 0.1 --reorder 0.2 --lost 0.03
-    --concurrency 10 --linger 10 --check)
+    --concurrency 10 --linger 10 --check --check-timeout "$CHECK_TIMEOUT")
 if command -v timeout >/dev/null; then
     sim=(timeout --foreground "$SIM_TIMEOUT" "${sim[@]}")  # Ctrl-C reaches the simulator
 fi

@@ -73,7 +73,11 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
     event_id = args.event_id or f"evt_{uuid.uuid4().hex}"
     assert provider.encode is not None
     assert provider.signed_headers is not None
-    body = provider.encode(event_id, payload)
+    try:
+        body = provider.encode(event_id, payload)
+    except ValueError as e:  # an event this provider never sends (Stripe's `settled`)
+        print(f"payhooks: send --provider {provider.name}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     headers = provider.signed_headers(secrets[0], event_id, body, time.time())
     url = args.url or default_url(settings, provider)
 

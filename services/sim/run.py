@@ -156,7 +156,9 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
     book = PaymentBook()
     scenario.publish_to_api(plan, book)
     api_key = settings.xhub_api_key or secrets.token_hex(16)  # no API provider: never asked
-    runner, api_url = await start_api(book, api_key, args.api_host, args.api_port)
+    # Other providers' API keys (STRIPE_API_KEY), as the reconciler sends them.
+    api_keys = {name: key for name, (_, key) in settings.provider_apis.items()}
+    runner, api_url = await start_api(book, api_key, args.api_host, args.api_port, api_keys)
     try:
         _err(f"payhooks sim: payments API at {api_url}")
         pool = await create_pool(settings.database_url)

@@ -90,9 +90,14 @@ class SimPayment:
 
     @property
     def repairable(self) -> bool:
-        """Its provider has a payments API, so the reconciler can bring it to its final
-        status whatever webhooks were lost."""
-        return registry.BY_NAME[self.provider].has_payment_api
+        """The reconciler can bring it to its final status whatever webhooks were lost: its
+        provider has a payments API, and the reconciler knows to ask it. Orders do not record
+        their provider, so it asks X-Hub about an order no webhook has named: a payment of
+        another provider (Stripe) all of whose webhooks were lost is answered 404 there and
+        stays where its (no) webhooks bring it (docs/simulator.md)."""
+        if not registry.BY_NAME[self.provider].has_payment_api:
+            return False
+        return registry.asks_xhub(self.provider) or bool(self.sent_events)
 
     @property
     def final_status(self) -> str:
@@ -140,7 +145,10 @@ def generate(config: ScenarioConfig, *, now: datetime | None = None) -> Plan:
         payment_id = f"{config.prefix}_{run}_{n:05d}"
         merchant_id = f"merchant_{n % config.merchants}"
         provider = config.providers[n % len(config.providers)]
-        statuses = FLOWS[flow]
+        # A provider without settlement (Stripe) sends none: `settled` is its `paid`, and
+        # `settled_refunded` its `refunded` (docs/simulator.md).
+        settles = registry.BY_NAME[provider].has_settlement
+        statuses = tuple(s for s in FLOWS[flow] if settles or s != "settled")
         events = tuple(
             SimWebhook(
                 event_id=f"evt_{payment_id}_{i}_{status}",
@@ -219,11 +227,14 @@ def _with_duplicates(
 
 
 def publish_to_api(plan: Plan, book: PaymentBook) -> None:
-    """The provider knows every payment's final status (lost ones included): the API's
-    provider's payments only (X-Hub's); a provider without an API has none to ask."""
+    """The provider knows every payment's final status (lost ones included): the payments of
+    providers with an API, each answered on its provider's route in its provider's shape; a
+    provider without an API has none to ask."""
     for p in plan.payments:
-        if p.repairable:
-            book.set_status(p.payment_id, p.final_status, p.amount, p.currency, p.updated_at)
+        if registry.BY_NAME[p.provider].has_payment_api:
+            book.set_status(
+                p.payment_id, p.final_status, p.amount, p.currency, p.updated_at, p.provider
+            )
 
 
 async def register_orders(db: Executor, payments: Sequence[SimPayment]) -> int:

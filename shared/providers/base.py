@@ -60,6 +60,12 @@ class PaymentApi:
     parse: Callable[[bytes, str], ProviderPayment]
     headers: Mapping[str, str] | None = None  # sent with every question besides the key
     rate_per_s: float = 10.0  # questions a second, the client's own budget
+    # The inverse, for the simulator's fake API (tools and tests, never the reconciler): the
+    # route it serves (aiohttp's pattern, `{payment_id}` in it) and a payment as the body
+    # this provider answers there, which `parse` reads back. None: the simulator cannot
+    # answer as this provider.
+    route: str | None = None
+    answer: Callable[[ProviderPayment], bytes] | None = None
 
 
 # (event id, canonical event as a dict) -> the body this provider sends for it: the inverse of
@@ -107,6 +113,10 @@ class Provider:
     # Whether the reconciler can ask this provider's API about a payment (GET /payments/:id);
     # a provider without one is repaired by its own redeliveries only.
     has_payment_api: bool = False
+    # Whether it tells a settlement (canonical `settled`): X-Hub and Standard do; Stripe has no
+    # settlement per payment (payouts are per balance), so the simulator sends it none and
+    # expects PAID where X-Hub's would be SETTLED.
+    has_settlement: bool = True
     # Its API as the reconciler asks it, for a provider other than X-Hub (whose API settings
     # predate the seam: XHUB_API_URL, XHUB_API_KEY).
     payment_api: PaymentApi | None = None

@@ -36,7 +36,11 @@ from tests.proxy import TcpProxy, via
 SECRET = "chaos-secret"
 # Standard Webhooks' (whsec_ + base64 of the key): every round serves /webhooks/standard too.
 STANDARD_SECRET = "whsec_Y2hhb3Mtc3RhbmRhcmQtc2VjcmV0LWtleQ=="
+# Stripe's (used as given): every round serves /webhooks/stripe too, and the simulator's API
+# answers Stripe's questions (STRIPE_API_URL) with its own key.
+STRIPE_SECRET = "whsec_chaos_stripe_secret"
 API_KEY = "chaos-provider-key"
+STRIPE_API_KEY = "sk_test_chaos_stripe_key"
 ADMIN_TOKEN = "chaos-admin-token"
 # Production's retry ladder: a 30 s outage must not exhaust it (a dead letter is a lost effect
 # until an operator requeues it).
@@ -203,7 +207,7 @@ class Stack:
             await self.smtp_proxy.start()
         self._controller = CountingController(self.smtp, self.smtp_port)
         self._controller.start()
-        self._api, api_url = await start_api(self.book, API_KEY)
+        self._api, api_url = await start_api(self.book, API_KEY, keys={"stripe": STRIPE_API_KEY})
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
         env = {
             "PATH": os.environ.get("PATH", ""),
@@ -215,10 +219,13 @@ class Stack:
             "AMQP_PREFIX": self.prefix,
             "XHUB_WEBHOOK_SECRETS": SECRET,
             "STANDARD_WEBHOOK_SECRETS": STANDARD_SECRET,
+            "STRIPE_WEBHOOK_SECRETS": STRIPE_SECRET,
             "XHUB_TIMESTAMP_TOLERANCE": "3600",
             "ADMIN_TOKEN": ADMIN_TOKEN,
             "XHUB_API_URL": api_url,
             "XHUB_API_KEY": API_KEY,
+            "STRIPE_API_URL": api_url,
+            "STRIPE_API_KEY": STRIPE_API_KEY,
             "RECONCILE_INTERVAL": "2",
             "RECONCILE_AFTER": "3",
             "RETRY_DELAYS": self.retry_delays,

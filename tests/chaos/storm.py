@@ -15,9 +15,9 @@ import asyncpg
 from services.sim import scenario
 from services.sim.deliverer import Deliverer, DeliveryRecord
 from shared.providers import registry
-from tests.chaos.stack import SECRET, STANDARD_SECRET, Stack
+from tests.chaos.stack import SECRET, STANDARD_SECRET, STRIPE_SECRET, Stack
 
-SECRETS = {"xhub": SECRET, "standard": STANDARD_SECRET}
+SECRETS = {"xhub": SECRET, "standard": STANDARD_SECRET, "stripe": STRIPE_SECRET}
 
 
 @dataclass(frozen=True, slots=True)

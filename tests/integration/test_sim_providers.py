@@ -1,6 +1,7 @@
-"""`payhooks sim --provider`: a mixed storm (X-Hub and Standard Webhooks, payments dealt
+"""`payhooks sim --provider`: a mixed storm (X-Hub, Standard Webhooks and Stripe, payments dealt
 round-robin) through a running system, each webhook encoded and signed as its provider sends
-it, checked payment by payment; and a Standard Webhooks storm with lost webhooks, which no API
+it, checked payment by payment; a Stripe storm (no settle step: PAID where X-Hub's would be
+SETTLED); and a Standard Webhooks storm with lost webhooks, which no API
 can repair, expected exactly where the webhooks sent bring each payment."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.integration.test_dlq import new_id
 
 API_KEY = "sim-provider-key"
 STANDARD_SECRETS = "whsec_" + base64.b64encode(b"payhooks sim standard key").decode()
+STRIPE_SECRETS = "whsec_payhooks_sim_stripe_key"
 
 
 def _args(
@@ -73,6 +75,7 @@ async def _system(
         EMAIL_FROM="shop@example.test",
         XHUB_API_KEY=API_KEY,
         STANDARD_WEBHOOK_SECRETS=STANDARD_SECRETS,
+        STRIPE_WEBHOOK_SECRETS=STRIPE_SECRETS,
     )
     system = await start_system(aiohttp_client, settings, amqp, topology)
     return settings, system.ingest.server
@@ -88,22 +91,53 @@ async def test_a_mixed_storm_ends_right_for_every_provider(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings, ingest = await _system(aiohttp_client, make_settings, smtp, amqp, topology)
-    args = _args(ingest, ("xhub", "standard"), payments=40, lost=0.0)  # no reconciler runs here
+    providers = ("xhub", "standard", "stripe")
+    args = _args(ingest, providers, payments=45, lost=0.0)  # no reconciler runs here
 
     assert await sim_run.command(settings, args) == EXIT_OK
 
     out = capsys.readouterr().out
-    assert "check: 40/40 payments as expected" in out
-    assert "check per provider: standard 20/20, xhub 20/20" in out
+    assert "check: 45/45 payments as expected" in out
+    assert "check per provider: standard 15/15, stripe 15/15, xhub 15/15" in out
     assert _table(out)["dead letters"] == "orders.dlq 0, bonuses.dlq 0, emails.dlq 0"
     stored = dict(
         await db.fetch("SELECT provider, count(DISTINCT payment_id) FROM inbox GROUP BY 1")
     )
-    assert stored == {"xhub": 20, "standard": 20}
+    assert stored == {"xhub": 15, "standard": 15, "stripe": 15}
     # Standard's went through its own route: stored as sent (the envelope, webhook-* headers).
     row = await db.fetchrow("SELECT body, headers FROM inbox WHERE provider = 'standard' LIMIT 1")
     assert b'"data"' in row["body"]
     assert "webhook-signature" in {k.lower() for k in row["headers"]}
+
+
+async def test_a_stripe_storm_ends_right_without_a_settle_step(
+    aiohttp_client: Any,
+    make_settings: Any,
+    smtp: tuple[SmtpSink, int],
+    amqp: Any,
+    topology: Topology,
+    db: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings, ingest = await _system(aiohttp_client, make_settings, smtp, amqp, topology)
+    args = _args(ingest, ("stripe",), payments=20, lost=0.0)  # no reconciler runs here
+    args.flows = {"settled": 1.0, "settled_refunded": 1.0, "expired_paid": 1.0, "expired": 1.0}
+
+    assert await sim_run.command(settings, args) == EXIT_OK
+
+    out = capsys.readouterr().out
+    assert "check: 20/20 payments as expected" in out
+    assert "SETTLED" not in out[out.index("check: ") :]  # Stripe has no settlement: PAID
+    assert _table(out)["dead letters"] == "orders.dlq 0, bonuses.dlq 0, emails.dlq 0"
+    # Stripe's went through its own route: stored as Stripe sends them (evt_ ids in the body).
+    rows = await db.fetch("SELECT event_id, body, headers FROM inbox WHERE provider = 'stripe'")
+    assert rows
+    for row in rows:
+        stored = orjson.loads(row["body"])
+        assert stored["object"] == "event"
+        assert stored["id"] == row["event_id"]
+        assert stored["type"] != "payment.status_changed"
+        assert "stripe-signature" in {k.lower() for k in row["headers"]}
 
 
 async def test_lost_standard_webhooks_are_expected_missing_no_api_repairs_them(

@@ -70,7 +70,7 @@ def test_a_delivery_signed_by_the_official_library_is_accepted() -> None:
 
 
 def test_our_signature_is_one_the_official_library_verifies() -> None:
-    headers = signed_headers(SECRET.encode(), BODY, NOW_S)
+    headers = signed_headers(SECRET.encode(), "evt_1", BODY, NOW_S)
     event = stripe.Webhook.construct_event(
         BODY.decode(), headers[SIGNATURE_HEADER], SECRET, tolerance=10**10
     )

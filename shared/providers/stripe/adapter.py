@@ -16,11 +16,18 @@ from shared.providers.stripe import (
     SIGNATURE_HEADER,
     WEBHOOK_PATH,
 )
-from shared.providers.stripe.events import canonical_body, headline, parse_mode, screen
-from shared.providers.stripe.payments import API_VERSION, parse_payment_intent, payment_path
+from shared.providers.stripe.events import canonical_body, encode, headline, parse_mode, screen
+from shared.providers.stripe.payments import (
+    API_VERSION,
+    ROUTE,
+    answer,
+    parse_payment_intent,
+    payment_path,
+)
 from shared.providers.stripe.signatures import (
     matching_secret,
     parse_secrets,
+    signed_headers,
     timestamp_in_signature,
 )
 
@@ -38,6 +45,7 @@ STRIPE = Provider(
     canonical_body=canonical_body,
     # Asked when STRIPE_API_KEY is set (the reconciler has no client for it otherwise).
     has_payment_api=True,
+    has_settlement=False,
     payment_api=PaymentApi(
         url_variable=API_URL_VARIABLE,
         url_default=API_URL_DEFAULT,
@@ -45,8 +53,12 @@ STRIPE = Provider(
         path=payment_path,
         parse=parse_payment_intent,
         headers={"Stripe-Version": API_VERSION},
+        route=ROUTE,
+        answer=answer,
     ),
     timestamp_in_signature=timestamp_in_signature,
     options={LIVEMODE_VARIABLE: parse_mode},
     screen=screen,
+    encode=encode,
+    signed_headers=signed_headers,
 )

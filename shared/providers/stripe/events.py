@@ -224,3 +224,122 @@ def canonical_body(body: bytes) -> bytes:
         return orjson.dumps(canonical(payload))
     except (orjson.JSONDecodeError, MalformedWebhookError):
         return body
+
+
+# The inverse: a canonical event as the Stripe event payhooks maps back onto it (the
+# simulator's and `payhooks send`'s, never ingest's). Stripe has no settlement event: a
+# canonical `settled` has no Stripe form (ValueError), and the simulator never asks for one
+# (`Provider.has_settlement`).
+API_VERSION_SENT: Final = "2024-06-20"
+_INTENT_EVENTS: Final[dict[str, tuple[str, str]]] = {
+    # canonical status -> (Stripe type, PaymentIntent status)
+    "paid": ("payment_intent.succeeded", "succeeded"),
+    "failed": ("payment_intent.payment_failed", "requires_payment_method"),
+    "expired": ("payment_intent.canceled", "canceled"),
+    "cancelled": ("payment_intent.canceled", "canceled"),
+}
+
+
+def minor_units(amount: Any, currency: str) -> int:
+    """payhooks' decimal string as Stripe's integer amount: "10.50" USD -> 1050, "1050" JPY ->
+    1050; ValueError for an amount the currency's exponent cannot hold exactly."""
+    minor = Decimal(str(amount)).scaleb(exponent(currency))
+    if minor != minor.to_integral_value() or minor < 0:
+        raise ValueError(f"{amount!r} {currency} is no whole number of minor units")
+    return int(minor)
+
+
+def _seconds(created_at: Any) -> int:
+    if not isinstance(created_at, str):
+        raise ValueError("the canonical event needs a created_at")
+    return int(datetime.fromisoformat(created_at).timestamp())
+
+
+def to_stripe(event_id: str, event: Mapping[str, Any]) -> dict[str, Any]:
+    """A canonical event (X-Hub's body shape) as the Stripe event `canonical` maps back onto
+    it: payment.status_changed paid / failed / expired / cancelled as payment_intent.*,
+    refunded as charge.refunded in full (no refunds list: a full refund), refund.completed
+    and refund.failed as refund.updated / refund.failed; ValueError for anything else
+    (settled above all: Stripe has none)."""
+    kind, status = event.get("event"), event.get("status")
+    payment_id = event.get("payment_id")
+    currency = str(event.get("currency") or "USD")
+    minor = minor_units(event.get("amount", "0"), currency)
+    created = _seconds(event.get("created_at"))
+    metadata = {"order_id": event["external_id"]} if "external_id" in event else {}
+    common: dict[str, Any] = {
+        "amount": minor,
+        "currency": currency.lower(),
+        "created": created,
+        "livemode": False,
+        "metadata": metadata,
+    }
+    obj: dict[str, Any]
+    if kind == STATUS_CHANGED and isinstance(status, str) and status in _INTENT_EVENTS:
+        stripe_type, intent_status = _INTENT_EVENTS[status]
+        obj = {
+            "id": payment_id,
+            "object": "payment_intent",
+            **common,
+            "amount_received": minor if status == "paid" else 0,
+            "status": intent_status,
+            "cancellation_reason": None,
+            "canceled_at": None,
+            "last_payment_error": None,
+        }
+        if stripe_type == "payment_intent.canceled":
+            obj["canceled_at"] = created
+            obj["cancellation_reason"] = (
+                "abandoned" if status == "expired" else "requested_by_customer"
+            )
+        if status == "failed":
+            obj["last_payment_error"] = {
+                "type": "card_error",
+                "code": "card_declined",
+                "decline_code": "generic_decline",
+                "message": "Your card was declined.",
+            }
+    elif kind == STATUS_CHANGED and status == "refunded":
+        stripe_type = "charge.refunded"
+        obj = {
+            "id": f"ch_{payment_id}",
+            "object": "charge",
+            **common,
+            "amount_captured": minor,
+            "amount_refunded": minor,
+            "captured": True,
+            "paid": True,
+            "payment_intent": payment_id,
+            "refunded": True,
+            "status": "succeeded",
+        }
+    elif kind in (REFUND_COMPLETED, REFUND_FAILED):
+        failed = kind == REFUND_FAILED
+        stripe_type = "refund.failed" if failed else "refund.updated"
+        obj = {
+            "id": event.get("refund_id"),
+            "object": "refund",
+            **common,
+            "charge": f"ch_{payment_id}",
+            "payment_intent": payment_id,
+            "status": "failed" if failed else "succeeded",
+            "failure_reason": "unknown" if failed else None,
+        }
+    else:
+        raise ValueError(f"Stripe sends no event for {kind} {status!r}")
+    return {
+        "id": event_id,
+        "object": "event",
+        "api_version": API_VERSION_SENT,
+        "created": created,
+        "data": {"object": obj},
+        "livemode": False,
+        "pending_webhooks": 1,
+        "request": {"id": None, "idempotency_key": None},
+        "type": stripe_type,
+    }
+
+
+def encode(event_id: str, event: Mapping[str, Any]) -> bytes:
+    """`to_stripe` as the body Stripe posts (the event id, `evt_...`, is the body's `id`)."""
+    return orjson.dumps(to_stripe(event_id, event))

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import orjson
 
 from shared.providers.base import ProviderPayment, ProviderResponseError
-from shared.providers.stripe.events import EXPIRED_REASONS, major_units
+from shared.providers.stripe.events import EXPIRED_REASONS, major_units, minor_units
 
 # Pinned so that the answer's shape does not follow the account's default API version (from
 # 2022-11-15 a charge's refunds come only when expanded, as asked here).
@@ -102,3 +102,76 @@ def parse_payment_intent(body: bytes, payment_id: str) -> ProviderPayment:
         currency=currency.upper(),
         updated_at=at,
     )
+
+
+# The inverse, for the simulator's fake API: the route it serves and a ProviderPayment as
+# the PaymentIntent (its latest charge and refunds expanded) parse_payment_intent reads back.
+ROUTE: Final = "/v1/payment_intents/{payment_id}"
+
+
+def answer(payment: ProviderPayment) -> bytes:
+    """`payment` as Stripe answers `payment_path`: paid as succeeded, refunded as succeeded
+    with its latest charge refunded in full (one refund), expired / cancelled as canceled
+    (abandoned / requested_by_customer), failed as requires_payment_method after a failed
+    attempt, anything else (Stripe has no settled) as processing: no change."""
+    minor = minor_units(payment.amount, payment.currency)
+    at = int(payment.updated_at.timestamp())
+    status = payment.status
+    intent: dict[str, Any] = {
+        "id": payment.payment_id,
+        "object": "payment_intent",
+        "amount": minor,
+        "amount_received": 0,
+        "currency": payment.currency.lower(),
+        "created": at,
+        "status": "processing",
+        "cancellation_reason": None,
+        "canceled_at": None,
+        "last_payment_error": None,
+        "latest_charge": None,
+        "livemode": False,
+    }
+    if status in ("paid", "refunded"):
+        refunded = status == "refunded"
+        refunds = (
+            [
+                {
+                    "id": f"re_{payment.payment_id}",
+                    "object": "refund",
+                    "amount": minor,
+                    "currency": payment.currency.lower(),
+                    "created": at,
+                    "payment_intent": payment.payment_id,
+                    "status": "succeeded",
+                }
+            ]
+            if refunded
+            else []
+        )
+        intent.update(status="succeeded", amount_received=minor)
+        intent["latest_charge"] = {
+            "id": f"ch_{payment.payment_id}",
+            "object": "charge",
+            "amount": minor,
+            "amount_captured": minor,
+            "amount_refunded": minor if refunded else 0,
+            "currency": payment.currency.lower(),
+            "created": at,
+            "payment_intent": payment.payment_id,
+            "refunded": refunded,
+            "refunds": {
+                "object": "list",
+                "data": refunds,
+                "has_more": False,
+                "total_count": len(refunds),
+            },
+        }
+    elif status in ("expired", "cancelled"):
+        reason = "abandoned" if status == "expired" else "requested_by_customer"
+        intent.update(status="canceled", cancellation_reason=reason, canceled_at=at)
+    elif status == "failed":
+        intent.update(
+            status="requires_payment_method",
+            last_payment_error={"type": "card_error", "code": "card_declined"},
+        )
+    return orjson.dumps(intent)

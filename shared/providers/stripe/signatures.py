@@ -68,8 +68,10 @@ def matching_secret(
     return matched
 
 
-def signed_headers(key: bytes, body: bytes, now_s: float) -> dict[str, str]:
-    """The headers Stripe sends with `body` (tools, tests)."""
+def signed_headers(key: bytes, event_id: str, body: bytes, now_s: float) -> dict[str, str]:
+    """The headers Stripe sends with `body` (tools, tests); `event_id` is in the body, not
+    in a header."""
+    del event_id
     timestamp = str(int(now_s))
     return {
         SIGNATURE_HEADER: f"t={timestamp},{SIGNATURE_SCHEME}={sign(key, timestamp, body)}",
