@@ -68,6 +68,7 @@ LETTER_FIELDS = {
     "last_failed_at",
     "original_queue",
     "requeued",
+    "provider",  # beyond SPEC's list: whose webhook it was (docs/providers.md)
 }
 
 

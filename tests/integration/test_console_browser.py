@@ -379,7 +379,7 @@ async def test_an_operator_finds_requeues_and_audits_a_dead_letter_in_the_browse
     assert await console.value("input#payment_id") == payment_id
     assert await console.text("p#matching") == "1 of 3 match."
     letters = await console.rows("table#letters")
-    assert [(row[1], row[3], row[6]) for row in letters] == [
+    assert [(row[1], row[4], row[7]) for row in letters] == [
         ("unknown_payment", payment_id, event_id)
     ]
     await console.screenshot("dlq")

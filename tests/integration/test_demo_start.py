@@ -151,9 +151,12 @@ def test_the_demo_script_is_strict_and_cleans_up() -> None:
     assert "set -euo pipefail" in text
     assert re.search(r"^trap stop_all EXIT$", text, re.MULTILINE)
     assert "scripts/preflight.py" in text
-    # What the demo does: the whole system, then the simulator's checked 300 payments.
+    # What the demo does: the whole system, then the simulator's checked 300 payments per
+    # provider (X-Hub's alone unless PROVIDERS names more).
     assert '"$BIN/payhooks" run all' in text
-    assert re.search(r"sim --payments 300 .*--check", text.replace("\n", " "))
+    assert "PER_PROVIDER=${DEMO_PAYMENTS:-300}" in text
+    one_line = text.replace("\n", " ")
+    assert re.search(r'sim --provider "\$PROVIDERS" .*--payments "\$PAYMENTS" .*--check', one_line)
     makefile = MAKEFILE.read_text()
     demo = re.search(r"^demo: install\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert demo
