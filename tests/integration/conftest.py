@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -13,9 +13,17 @@ from aiohttp.test_utils import TestClient, TestServer
 from services.api.app import create_app
 from shared.amqp.topology import Topology
 from shared.config import Settings
-from tests.conftest import SmtpSink
+from tests.conftest import SmtpSink, delete_strays
 from tests.integration.provider import FakeProvider
 from tests.integration.system import System, start_system, system_settings
+
+
+@pytest.fixture(autouse=True)
+async def _stray_queues() -> AsyncIterator[None]:
+    """After each test, the queues of earlier tests that had no `amqp` fixture (an api or a
+    worker started on its own declares its topology too), once a few wait."""
+    yield
+    await delete_strays()
 
 
 @pytest.fixture
