@@ -164,7 +164,7 @@ async def lock_unpublished(db: Executor, older_than_s: float, limit: int) -> lis
 # worker decided about it (shared/ops/inbox_view.py turns both into its outcome), found by the
 # id the workers know it by (shared/providers/registry.py message_of: X-Hub's event id as it
 # is, any other provider's after its name and a colon). {extra}: more columns.
-_DESCRIBED = (
+DESCRIBED = (
     "SELECT i.id, i.provider, i.event_id, i.event_type, i.payment_id, i.received_at,"
     " i.duplicates,"
     " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
@@ -177,7 +177,7 @@ _DESCRIBED = (
 
 async def webhooks_for_payment(conn: Executor, payment_id: str) -> list[asyncpg.Record]:
     return await conn.fetch(
-        _DESCRIBED.format(extra=", i.body")
+        DESCRIBED.format(extra=", i.body")
         + " WHERE i.payment_id = $1 ORDER BY i.received_at, i.id",
         payment_id,
     )
@@ -194,7 +194,7 @@ async def providers_of_payment(db: Executor, payment_id: str) -> list[str]:
 async def webhook(db: Executor, provider: str, event_id: str) -> asyncpg.Record | None:
     """One stored webhook with its body and headers; None if there is none."""
     return await db.fetchrow(
-        _DESCRIBED.format(extra=", i.body, i.headers, i.last_seen_at")
+        DESCRIBED.format(extra=", i.body, i.headers, i.last_seen_at")
         + " WHERE i.provider = $1 AND i.event_id = $2",
         provider,
         event_id,
@@ -241,7 +241,7 @@ def events_statement(
     if before is not None:
         at, row_id = arg(before[0], "timestamptz"), arg(before[1], "bigint")
         conditions.append(f"(i.received_at, i.id) < ({at}, {row_id})")
-    sql = _DESCRIBED.format(extra="")
+    sql = DESCRIBED.format(extra="")
     if conditions:
         sql += " WHERE " + " AND ".join(conditions)
     sql += f" ORDER BY i.received_at DESC, i.id DESC LIMIT {arg(limit, 'int')}"

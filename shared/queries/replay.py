@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 
 from shared.db import Executor
+from shared.queries import inbox as inbox_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +56,9 @@ def inbox_statement(where: InboxWhere, after: After | None, limit: int) -> tuple
     if after is not None:
         at, row_id = arg(after[0], "timestamptz"), arg(after[1], "bigint")
         conditions.append(f"(i.received_at, i.id) > ({at}, {row_id})")
-    sql = (
-        "SELECT i.id, i.provider, i.event_id, i.event_type, i.payment_id, i.body,"
-        " i.received_at,"
-        " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
-        " p.outcome AS processed_outcome"
-        " FROM inbox i LEFT JOIN processed_events p"
-        "   ON p.worker = 'orders' AND p.event_id = i.event_id"
-    )
+    # As the views describe a stored webhook (its processed mark found by the id the workers
+    # know it by), with its body.
+    sql = inbox_sql.DESCRIBED.format(extra=", i.body")
     if conditions:
         sql += " WHERE " + " AND ".join(conditions)
     sql += f" ORDER BY i.received_at, i.id LIMIT {arg(limit, 'int')}"

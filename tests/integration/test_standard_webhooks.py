@@ -392,6 +392,13 @@ async def test_a_replayed_standard_event_reaches_the_orders_worker_as_ingest_sen
     async def opened() -> AsyncIterator[Any]:
         yield channel
 
+    # The outcome filter finds the orders worker's mark by the same prefixed id.
+    processed = ReplayRequest.parse(
+        provider="standard", event_ids=[done_id, lost_id], workers=["orders"], outcome="processed"
+    )
+    only = await replay_recorded(db, opened, topology, processed, by, db, dry_run=True)
+    assert only.event_ids == [done_id]
+
     dry = (await replay_recorded(db, opened, topology, request, by, db, dry_run=True)).as_json()
     assert dry["workers"]["orders"]["messages"] == 2
     assert dry["workers"]["orders"]["would_skip"] == 1  # the processed one, by its prefixed id
