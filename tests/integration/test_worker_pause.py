@@ -159,7 +159,14 @@ async def test_a_pause_under_load_loses_and_reorders_nothing(
         for payment_id in ids:
             await register(db, payment_id)
 
+        # Half the payments come once the pause holds: there is load left whatever the
+        # machine's speed (a fast one finished all 400 events before the pause took hold).
+        paused = asyncio.Event()
+        later = set(ids[len(ids) // 2 :])
+
         async def pay_then_settle(payment_id: str) -> None:
+            if payment_id in later:
+                await paused.wait()
             # In this order, each acknowledged before the next: the orders queue has them so.
             await post(system.ingest, payment_event(payment_id, "paid"))
             await post(system.ingest, payment_event(payment_id, "settled"))
@@ -170,6 +177,7 @@ async def test_a_pause_under_load_loses_and_reorders_nothing(
         await pause_worker_recorded(db, "orders", "deploying a fix", OPERATOR)
         body = await held(orders)
         seen_s = time.monotonic() - paused_at
+        paused.set()
         assert body["operator_pause"]["by"] == "alice"
         assert body["operator_pause"]["reason"] == "deploying a fix"
         assert "paused" not in body  # no dependency's pause
