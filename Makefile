@@ -76,8 +76,10 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# On both cores, then the tests marked solo (time budgets, CPU shares) alone.
 test: lint
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest -n 2 -m "not solo" --durations=25
+	$(BIN)/pytest -m solo --durations=10
 
 bench: migrate
 	$(PY) -m bench.ingest

@@ -49,10 +49,40 @@ _RUN_VHOST: run_vhost.RunVhost | None = None
 _DLX_GUARD: dlx_guard.Guard | None = None
 
 
+# `make test` runs the suite on both cores (pytest-xdist), then these modules alone: each
+# asserts a time budget or how work spreads over processes, which a neighbour test taking the
+# other core turns into a failure that says nothing about payhooks.
+SOLO = {
+    "test_ingest_burst": "10,000 answers within the provider's 10 s budget",
+    "test_ingest_overload": "the predicted wait of a burst",
+    "test_ingest_transport": "the answer budget from the request's arrival",
+    "test_ingest_outages": "answers within the budget while a dependency stalls",
+    "test_ingest_processes": "the kernel spreads connections over two copies",
+    "test_ingest_replicas": "copies publish within 2 s",
+    "test_api_database_outage": "answers within a bound while PostgreSQL stalls",
+    "test_reconcile_history": "a lost paid repaired in time behind 100,000 orders",
+    "test_worker_pause": "a pause seen within a second, a rate cap held",
+    "test_worker_controls": "replicas sharing one bucket's rate",
+    "test_broker_restart": "a private RabbitMQ restarted under load",
+    "test_broker_nodes": "a private 3-node cluster",
+    "test_database_failover": "a private primary and standby",
+    "test_alertmanager": "Prometheus and Alertmanager on their schedules",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in SOLO:
+            item.add_marker(pytest.mark.solo)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One RabbitMQ vhost per run (vhosts of killed runs deleted first), where rabbitmqctl
-    reaches the broker of TEST_AMQP_URL; otherwise TEST_AMQP_URL as configured."""
+    reaches the broker of TEST_AMQP_URL; otherwise TEST_AMQP_URL as configured. Under
+    pytest-xdist, one per worker process (the controller runs no test)."""
     global TEST_AMQP_URL, _RUN_VHOST, _DLX_GUARD
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        return
     if _DLX_GUARD is None and _RUN_VHOST is None and _local_rabbitmq():
         dlx_guard.ensure()  # a previous run's deletions may have killed it
         _DLX_GUARD = dlx_guard.Guard()
