@@ -113,9 +113,10 @@ class Store:
                 found[span.trace_id].append(span)
         return sorted(found.values(), key=lambda spans: min(s.start_ns for s in spans))
 
-    def tree(self, spans: list[Span]) -> Iterator[str]:
-        """One line per span, indented under its parent: service, name, start offset from the
-        trace's first span and duration in ms, payhooks.* attributes, links by name."""
+    def tree(self, spans: list[Span], payment_id: str = "") -> Iterator[str]:
+        """One line per span, indented under its parent: name, service, start offset from the
+        trace's first span and duration in ms, payhooks.* attributes (but `payment_id`, which
+        the heading names), links by name."""
         ids = {s.span_id for s in spans}
         children: dict[str, list[Span]] = {}
         for span in sorted(spans, key=lambda s: s.start_ns):
@@ -127,19 +128,21 @@ class Store:
         def lines(parent: str, depth: int) -> Iterator[str]:
             for span in children.get(parent, []):
                 orphan = bool(span.parent_id) and span.parent_id not in ids
-                yield "  " * depth + self._line(span, t0, orphan)
+                yield "  " * depth + self._line(span, t0, orphan, payment_id)
                 yield from lines(span.span_id, depth + 1)
 
         yield from lines("", 1)
 
-    def _line(self, span: Span, t0: int, orphan: bool) -> str:
+    def _line(self, span: Span, t0: int, orphan: bool, payment_id: str) -> str:
         parts = [
             f"{span.name}  [{span.service}]",
             f"+{(span.start_ns - t0) / 1e6:.1f} ms",
             f"{(span.end_ns - span.start_ns) / 1e6:.1f} ms",
         ]
         parts += [
-            f"{k}={v}" for k, v in sorted(span.attributes.items()) if k.startswith("payhooks.")
+            f"{k}={v}"
+            for k, v in sorted(span.attributes.items())
+            if k.startswith("payhooks.") and (k, v) != (PAYMENT_KEY, payment_id)
         ]
         for link in span.links:
             linked = self.spans.get(link)
@@ -156,7 +159,7 @@ class Store:
             traces = self.traces(payment_id)
             out.append(f"payment {payment_id}: {len(traces)} trace(s)")
             for spans in traces:
-                out.extend(self.tree(spans))
+                out.extend(self.tree(spans, payment_id))
             out.append("")
         return "\n".join(out)
 
