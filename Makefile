@@ -145,9 +145,12 @@ demo: install
 TRACE_PORT ?= 4318
 TRACE_PAYMENTS ?= 20
 demo-traces: install
-	@$(PY) -m bench.trace_view serve --port $(TRACE_PORT) & viewer=$$!; \
-	trap 'kill $$viewer 2>/dev/null; wait $$viewer 2>/dev/null' EXIT; \
-	url=http://127.0.0.1:$(TRACE_PORT); tries=0; \
+	@url=http://127.0.0.1:$(TRACE_PORT); \
+	curl -s -o /dev/null --max-time 1 $$url; [ $$? -eq 7 ] || { \
+		echo "something already listens on :$(TRACE_PORT); choose another: TRACE_PORT=..." >&2; exit 1; }; \
+	$(PY) -m bench.trace_view serve --port $(TRACE_PORT) & viewer=$$!; \
+	trap 'kill $$viewer 2>/dev/null; wait $$viewer 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	tries=0; \
 	until curl -s -o /dev/null --max-time 1 $$url/traces; do \
 		tries=$$((tries + 1)); [ $$tries -lt 40 ] && kill -0 $$viewer 2>/dev/null || { \
 			echo "bench.trace_view did not start on :$(TRACE_PORT)" >&2; exit 1; }; \
@@ -155,6 +158,7 @@ demo-traces: install
 	done; \
 	status=0; OTEL_EXPORTER_OTLP_ENDPOINT=$$url BIN=$(BIN) PROVIDERS=$(PROVIDERS) \
 		bash scripts/demo.sh || status=$$?; \
+	[ $$status -ne 130 ] || exit 130; \
 	$(PY) -m bench.trace_view first $(TRACE_PAYMENTS) --url $$url >demo-traces.txt || status=1; \
 	echo; echo "one payment's traces (the first $(TRACE_PAYMENTS) in demo-traces.txt):"; \
 	$(PY) -m bench.trace_view first 1 --url $$url; \

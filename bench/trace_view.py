@@ -206,6 +206,12 @@ def ask(url: str, query: dict[str, str]) -> int:
     except urllib.error.HTTPError as e:
         sys.stdout.write(e.read().decode())
         return 1
+    except urllib.error.URLError as e:
+        print(
+            f"no trace viewer at {url} ({e.reason}): python -m bench.trace_view serve",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def main() -> None:
