@@ -17,7 +17,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -57,8 +56,12 @@ def _attributes(pairs: Iterable[KeyValue]) -> dict[str, str]:
 
 
 def decode(body: bytes) -> list[Span]:
-    """The spans of one `ExportTraceServiceRequest`, each with its resource's service.name."""
-    request = ExportTraceServiceRequest.FromString(body)
+    """The spans of one `ExportTraceServiceRequest`, each with its resource's service.name;
+    ValueError if `body` is not one."""
+    try:
+        request = ExportTraceServiceRequest.FromString(body)
+    except Exception as e:  # protobuf's DecodeError, whose module ships no types
+        raise ValueError(f"not an ExportTraceServiceRequest: {e}") from e
     spans = []
     for resource_spans in request.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
@@ -173,8 +176,8 @@ def app(max_spans: int = 50_000) -> web.Application:
             raise web.HTTPUnsupportedMediaType(text=f"OTLP/HTTP protobuf only ({PROTOBUF})")
         try:
             store.add(decode(await request.read()))
-        except DecodeError as e:
-            raise web.HTTPBadRequest(text=f"not an ExportTraceServiceRequest: {e}\n") from e
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=f"{e}\n") from e
         body = ExportTraceServiceResponse().SerializeToString()
         return web.Response(body=body, content_type=PROTOBUF)
 
