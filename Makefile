@@ -6,7 +6,7 @@ PY := $(BIN)/python
 # allows 3.11-3.13 and the lock files are resolved for all three; only 3.11 is tested).
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || echo python3)
 
-.PHONY: help install lock run migrate test lint bench bench-vs-prototype bench-workers bench-copies demo chaos soak cluster-up cluster-down cluster-status chaos-cluster clean
+.PHONY: help install lock run migrate test lint bench bench-vs-prototype bench-workers bench-copies demo demo-traces chaos soak cluster-up cluster-down cluster-status chaos-cluster clean
 
 help:
 	@echo "make install  - create $(VENV) and install payhooks with its dev tools"
@@ -16,6 +16,7 @@ help:
 	@echo "make lint     - ruff and mypy only"
 	@echo "make bench    - ingest benchmark: batched accept path vs the naive baseline"
 	@echo "make demo     - the whole system plus the simulator (300 payments per provider; PROVIDERS=xhub,standard,stripe), checked"
+	@echo "make demo-traces - make demo with tracing on, viewed without Jaeger: one payment's trace printed (bench.trace_view)"
 	@echo "make bench-vs-prototype - ingest beside the handbook's reference prototype (needs wrk)"
 	@echo "make bench-workers - worker benchmark: paid payments through all three workers"
 	@echo "make bench-copies - bench.workers, bench.ingest and one quorum queue: single node vs cluster"
@@ -138,3 +139,29 @@ clean:
 PROVIDERS ?= xhub
 demo: install
 	@BIN=$(BIN) PROVIDERS=$(PROVIDERS) bash scripts/demo.sh
+
+# make demo with tracing on, on a machine without Jaeger (docs/observability.md, "Viewing a trace
+# in the demo"): bench.trace_view receives every service's spans over OTLP/HTTP on TRACE_PORT and
+# keeps them in memory; at the end the first TRACE_PAYMENTS payments' traces go to
+# demo-traces.txt as trees and the first one is printed. The viewer stops with the target.
+TRACE_PORT ?= 4318
+TRACE_PAYMENTS ?= 20
+demo-traces: install
+	@url=http://127.0.0.1:$(TRACE_PORT); \
+	curl -s -o /dev/null --max-time 1 $$url; [ $$? -eq 7 ] || { \
+		echo "something already listens on :$(TRACE_PORT); choose another: TRACE_PORT=..." >&2; exit 1; }; \
+	$(PY) -m bench.trace_view serve --port $(TRACE_PORT) & viewer=$$!; \
+	trap 'kill $$viewer 2>/dev/null; wait $$viewer 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	tries=0; \
+	until curl -s -o /dev/null --max-time 1 $$url/traces; do \
+		tries=$$((tries + 1)); [ $$tries -lt 40 ] && kill -0 $$viewer 2>/dev/null || { \
+			echo "bench.trace_view did not start on :$(TRACE_PORT)" >&2; exit 1; }; \
+		sleep 0.25; \
+	done; \
+	status=0; OTEL_EXPORTER_OTLP_ENDPOINT=$$url BIN=$(BIN) PROVIDERS=$(PROVIDERS) \
+		bash scripts/demo.sh || status=$$?; \
+	[ $$status -ne 130 ] || exit 130; \
+	$(PY) -m bench.trace_view first $(TRACE_PAYMENTS) --url $$url >demo-traces.txt || status=1; \
+	echo; echo "one payment's traces (the first $(TRACE_PAYMENTS) in demo-traces.txt):"; \
+	$(PY) -m bench.trace_view first 1 --url $$url; \
+	exit $$status
