@@ -135,12 +135,12 @@ async def select(db: Executor, request: ReplayRequest) -> tuple[list[Any], bool]
     ReplayTooLargeError beyond MAX_EVENTS (without a limit) or MAX_SCAN rows read."""
     limit = request.limit or MAX_EVENTS
     kept: list[Any] = []
-    after: replay_sql.After | None = None
+    after: inbox_sql.Position | None = None
     scanned = 0
     while True:
         # Planned for the values each time (a rare type's own index), as the event listing is.
         async with inbox_sql.planned_for_values(db) as conn:
-            rows = await replay_sql.inbox_after(conn, request.where, after, _CHUNK)
+            rows = await inbox_sql.events_after(conn, request.where, after, _CHUNK)
         scanned += len(rows)
         for row in rows:
             if not outcome_matches(request.outcome, row):

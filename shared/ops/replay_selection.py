@@ -14,8 +14,7 @@ from shared.ops.dlq import parse_time
 from shared.ops.inbox_view import OUTCOME_FILTERS, UNPUBLISHED, outcome_of
 from shared.ops.order_input import text_problem
 from shared.providers.registry import DEFAULT
-from shared.queries.inbox import storable_text
-from shared.queries.replay import InboxWhere
+from shared.queries.inbox import EventFilter, storable_text
 
 WORKERS = WORK_QUEUES  # orders, bonuses, emails: the names `--worker` takes
 # The most events one run replays: beyond it, narrow the selection or take the oldest with
@@ -62,7 +61,7 @@ def _time(name: str, text: str | None) -> dt.datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class ReplayRequest:
-    where: InboxWhere
+    where: EventFilter
     outcome: str | None = None
     workers: tuple[str, ...] = ()  # none: each event to the workers its type is bound to
     reprocess: bool = False
@@ -87,7 +86,7 @@ class ReplayRequest:
     ) -> ReplayRequest:
         """From what an edge was given; ReplayInputError names the first bad field. It must
         select something: a forgotten filter never means the whole inbox."""
-        where = InboxWhere(
+        where = EventFilter(
             event_type=_text("event_type", event_type),
             payment_id=_text("payment_id", payment_id),
             provider=_text("provider", provider),

@@ -203,24 +203,32 @@ async def webhook(db: Executor, provider: str, event_id: str) -> asyncpg.Record 
 
 @dataclass(frozen=True, slots=True)
 class EventFilter:
-    """What a listing of the inbox keeps (all must hold); times inclusive."""
+    """What a listing or a replay of the inbox keeps (all given must hold); times inclusive."""
 
     payment_id: str | None = None
     event_type: str | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     provider: str | None = None
+    event_ids: tuple[str, ...] = ()
 
 
-# Where a listing resumes: the (received_at, id) of the last row it read.
+# Where a read resumes: the (received_at, id) of the last row it read.
 Position = tuple[dt.datetime, int]
 
 
 def events_statement(
-    where: EventFilter, before: Position | None, limit: int
+    where: EventFilter,
+    position: Position | None,
+    limit: int,
+    *,
+    oldest_first: bool = False,
+    extra: str = "",
 ) -> tuple[str, list[Any]]:
-    """The statement of `events_before` and its arguments (the index tests EXPLAIN it). Only
-    the filters given are in it, so each combination is planned for the index that serves it."""
+    """The statement of `events_before` (newest first, before `position`: the views) or of a
+    replay's read (oldest first, after it), DESCRIBED with `extra` columns, and its arguments
+    (the index tests EXPLAIN it). Only the filters given are in it, so each combination is
+    planned for the index that serves it (migration 011's)."""
     args: list[Any] = []
 
     def arg(value: Any, cast: str) -> str:
@@ -228,6 +236,8 @@ def events_statement(
         return f"${len(args)}::{cast}"
 
     conditions = []
+    if where.event_ids:
+        conditions.append(f"i.event_id = ANY({arg(list(where.event_ids), 'text[]')})")
     if where.payment_id is not None:
         conditions.append(f"i.payment_id = {arg(where.payment_id, 'text')}")
     if where.event_type is not None:
@@ -238,13 +248,15 @@ def events_statement(
         conditions.append(f"i.received_at >= {arg(where.since, 'timestamptz')}")
     if where.until is not None:
         conditions.append(f"i.received_at <= {arg(where.until, 'timestamptz')}")
-    if before is not None:
-        at, row_id = arg(before[0], "timestamptz"), arg(before[1], "bigint")
-        conditions.append(f"(i.received_at, i.id) < ({at}, {row_id})")
-    sql = DESCRIBED.format(extra="")
+    if position is not None:
+        at, row_id = arg(position[0], "timestamptz"), arg(position[1], "bigint")
+        beyond = ">" if oldest_first else "<"
+        conditions.append(f"(i.received_at, i.id) {beyond} ({at}, {row_id})")
+    sql = DESCRIBED.format(extra=extra)
     if conditions:
         sql += " WHERE " + " AND ".join(conditions)
-    sql += f" ORDER BY i.received_at DESC, i.id DESC LIMIT {arg(limit, 'int')}"
+    order = "" if oldest_first else " DESC"
+    sql += f" ORDER BY i.received_at{order}, i.id{order} LIMIT {arg(limit, 'int')}"
     return sql, args
 
 
@@ -253,6 +265,15 @@ async def events_before(
 ) -> list[asyncpg.Record]:
     """Up to `limit` stored webhooks, newest first, after `before` in that order."""
     sql, args = events_statement(where, before, limit)
+    return await conn.fetch(sql, *args)
+
+
+async def events_after(
+    conn: Executor, where: EventFilter, after: Position | None, limit: int
+) -> list[asyncpg.Record]:
+    """Up to `limit` stored webhooks with their bodies, oldest first, after `after` (a
+    replay's read, shared/ops/replay.py)."""
+    sql, args = events_statement(where, after, limit, oldest_first=True, extra=", i.body")
     return await conn.fetch(sql, *args)
 
 

@@ -1,75 +1,14 @@
-"""What a replay reads (shared/ops/replay.py): inbox events by a selection, oldest first, a
-chunk at a time; the transitions they caused and those transitions' outbox messages; which
+"""What a replay reads (shared/ops/replay.py) besides the inbox's events (shared/queries/inbox.py
+`events_after`): the transitions they caused and those transitions' outbox messages; which
 emails are recorded already."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 
 from shared.db import Executor
-from shared.queries import inbox as inbox_sql
-
-
-@dataclass(frozen=True, slots=True)
-class InboxWhere:
-    """The stored columns a replay selects on (all given must hold); times inclusive."""
-
-    event_type: str | None = None
-    payment_id: str | None = None
-    provider: str | None = None
-    since: dt.datetime | None = None
-    until: dt.datetime | None = None
-    event_ids: tuple[str, ...] = ()
-
-
-# Where a read resumes: the (received_at, id) of the last row it read.
-After = tuple[dt.datetime, int]
-
-
-def inbox_statement(where: InboxWhere, after: After | None, limit: int) -> tuple[str, list[Any]]:
-    """Oldest first, as received; only the filters given are in the statement, so each
-    combination is planned for the index that serves it (migration 011's)."""
-    args: list[Any] = []
-
-    def arg(value: Any, cast: str) -> str:
-        args.append(value)
-        return f"${len(args)}::{cast}"
-
-    conditions = []
-    if where.event_ids:
-        conditions.append(f"i.event_id = ANY({arg(list(where.event_ids), 'text[]')})")
-    if where.payment_id is not None:
-        conditions.append(f"i.payment_id = {arg(where.payment_id, 'text')}")
-    if where.event_type is not None:
-        conditions.append(f"i.event_type = {arg(where.event_type, 'text')}")
-    if where.provider is not None:
-        conditions.append(f"i.provider = {arg(where.provider, 'text')}")
-    if where.since is not None:
-        conditions.append(f"i.received_at >= {arg(where.since, 'timestamptz')}")
-    if where.until is not None:
-        conditions.append(f"i.received_at <= {arg(where.until, 'timestamptz')}")
-    if after is not None:
-        at, row_id = arg(after[0], "timestamptz"), arg(after[1], "bigint")
-        conditions.append(f"(i.received_at, i.id) > ({at}, {row_id})")
-    # As the views describe a stored webhook (its processed mark found by the id the workers
-    # know it by), with its body.
-    sql = inbox_sql.DESCRIBED.format(extra=", i.body")
-    if conditions:
-        sql += " WHERE " + " AND ".join(conditions)
-    sql += f" ORDER BY i.received_at, i.id LIMIT {arg(limit, 'int')}"
-    return sql, args
-
-
-async def inbox_after(
-    conn: Executor, where: InboxWhere, after: After | None, limit: int
-) -> list[asyncpg.Record]:
-    sql, args = inbox_statement(where, after, limit)
-    return await conn.fetch(sql, *args)
 
 
 async def transitions_caused(
