@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,3 +174,63 @@ def _search(path: Path, event_id: str, provider: str | None) -> dict[str, Any] |
         if event["event_id"] == event_id and provider in (None, event["provider"]):
             return event
     return None
+
+
+class ArchivesUnreachableError(RuntimeError):
+    """Archives are recorded but this process has no ARCHIVE_DIR to rewrite them in."""
+
+
+Change = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+async def rewrite_archives(
+    conn: Executor, archive_dir: Path | None, change: Change
+) -> tuple[int, list[Path]]:
+    """Pass every archived event through `change` (None: unchanged) and rewrite each archive
+    with a changed event as a new file (verified, recorded with its checksum); run it in the
+    caller's transaction, which holds the archives until it ends. The events changed and the
+    replaced files, which the caller removes once the transaction committed. Every archive is
+    checked first: ArchiveCorruptError if one is not as recorded (it can't be rewritten
+    safely), ArchivesUnreachableError if there are archives and no directory."""
+    await archives_sql.lock_archives(conn)
+    records = await archives_sql.lock_all(conn)
+    if not records:
+        return 0, []
+    if archive_dir is None:
+        raise ArchivesUnreachableError("archives are recorded but ARCHIVE_DIR is not set")
+    changed, replaced = 0, []
+    for r in records:
+        record = Written(r["file_name"], r["rows"], r["sha256"])
+        await asyncio.to_thread(archive_files.verify, archive_dir, record)
+        day = r["range_from"].astimezone(dt.UTC).date()
+        count, written = await asyncio.to_thread(
+            _rewrite_file, archive_dir, r["file_name"], stem(day), change
+        )
+        if written is None:
+            continue
+        await archives_sql.rewritten(conn, r["id"], written.file_name, written.sha256)
+        changed += count
+        replaced.append(archive_dir / r["file_name"])
+    return changed, replaced
+
+
+def _rewrite_file(
+    directory: Path, file_name: str, file_stem: str, change: Change
+) -> tuple[int, Written | None]:
+    writer = ArchiveWriter(directory, file_stem)
+    changed = 0
+    try:
+        for line in archive_files.lines(directory / file_name):
+            new = change(archive_files.event_of(line))
+            if new is None:
+                writer.write([line])
+            else:
+                writer.write([archive_files.line_of(new)])
+                changed += 1
+    except BaseException:
+        writer.abandon()
+        raise
+    if not changed:
+        writer.abandon()
+        return 0, None
+    return changed, writer.finish()

@@ -53,6 +53,23 @@ async def all_archives(conn: Executor) -> list[asyncpg.Record]:
     )
 
 
+async def lock_all(conn: Executor) -> list[asyncpg.Record]:
+    """Every archive, locked until the caller's transaction ends (an erasure rewrites them)."""
+    return await conn.fetch(
+        "SELECT id, file_name, range_from, range_to, rows, sha256 FROM inbox_archives"
+        " ORDER BY range_from FOR UPDATE"
+    )
+
+
+async def rewritten(conn: Executor, archive_id: int, file_name: str, sha256: str) -> None:
+    await conn.execute(
+        "UPDATE inbox_archives SET file_name = $2, sha256 = $3, rewritten_at = now() WHERE id = $1",
+        archive_id,
+        file_name,
+        sha256,
+    )
+
+
 async def key_received_at(conn: Executor, provider: str | None, event_id: str) -> list[dt.datetime]:
     """When the event (of the provider, or of any) was received, by its dedup key."""
     rows = await conn.fetch(

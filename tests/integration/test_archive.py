@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
@@ -22,6 +23,10 @@ from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.db import create_pool
 from shared.migrate import load_migrations
+from shared.ops.archive import ArchivesUnreachableError
+from shared.ops.archive_files import event_of, lines
+from shared.ops.erasure import MARKER, parse_selector
+from shared.ops.operator_actions import Edge, Operator, erase_recorded
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, payment_event
 from tests.integration.inbox_events import store_events
@@ -210,3 +215,70 @@ async def test_the_migration_moves_an_existing_inbox_into_partitions_and_keys(
     assert [[k[c] for c in columns] for k in keys] == [[r[c] for c in columns] for r in before]
     assert default_rows == 0  # each day in a partition of its own
     assert new_id == before[-1]["id"] + 1  # the id sequence goes on
+
+
+async def test_an_erasure_rewrites_the_archives_holding_the_address(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    address = "Jane.Doe@Example.com"
+    body = b'{"event":"payment.status_changed","customer":{"email":"jane.doe@example.COM"}}'
+    [held] = await store_events(db, body=body, payment_id="pay_erase")
+    [other] = await store_events(db)
+    await received_long_ago(db, [held, other])
+    await housekeeping(settings, tmp_path)
+    [before] = await db.fetch("SELECT * FROM inbox_archives")
+    selector = parse_selector(address, None, None)
+    by = Operator("tester", Edge.CLI)
+
+    erased = await erase_recorded(db, selector, by, tmp_path)
+    again = await erase_recorded(db, selector, by, tmp_path)
+
+    assert erased.rows["inbox_archives"] == 1
+    assert again.rows["inbox_archives"] == 0  # idempotent: nothing left, no new file
+    [after] = await db.fetch("SELECT * FROM inbox_archives")
+    assert after["file_name"] != before["file_name"]
+    assert after["sha256"] != before["sha256"]
+    assert after["rewritten_at"] is not None
+    assert await asyncio.to_thread(os.listdir, tmp_path) == [after["file_name"]]
+    content = await asyncio.to_thread(_decompressed, tmp_path / after["file_name"])
+    assert b"example.com" not in content.lower()
+    env = cli_env(settings, ARCHIVE_DIR=str(tmp_path))
+    listed = await run_payhooks(env, "archive", "list", "--json")
+    assert [a["ok"] for a in listed.json()["archives"]] == [True]
+    code, out, _ = await payhooks_bytes(env, "archive", "show", held, "--raw")
+    assert (code, out) == (0, body.replace(b"jane.doe@example.COM", MARKER.encode()))
+    code, out, _ = await payhooks_bytes(env, "archive", "show", other, "--raw")
+    assert code == 0  # the other event of the day, as it was
+    audit = await db.fetchval(
+        "SELECT filter FROM operator_actions WHERE action = 'person.erase' ORDER BY id LIMIT 1"
+    )
+    assert audit["rows"]["inbox_archives"] == 1
+
+
+def _decompressed(path: Path) -> bytes:
+    """Every line as it is and with its body decoded (base64 would hide the address)."""
+    events = [event_of(line) for line in lines(path)]
+    return b"".join(lines(path)) + b"".join(e["body"] + orjson.dumps(e["headers"]) for e in events)
+
+
+async def test_an_erasure_that_cannot_reach_the_archives_erases_nothing(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    body = b'{"customer":{"email":"gone@example.com"}}'
+    [archived] = await store_events(db, body=body)
+    await received_long_ago(db, [archived])
+    await housekeeping(settings, tmp_path)
+    [live] = await store_events(db, body=body)  # a recent event with the address
+    selector = parse_selector("gone@example.com", None, None)
+
+    with pytest.raises(ArchivesUnreachableError):
+        await erase_recorded(db, selector, Operator("tester", Edge.CLI), None)
+    (tmp_path / await db.fetchval("SELECT file_name FROM inbox_archives")).write_bytes(b"")
+    refused = await run_payhooks(
+        cli_env(settings, ARCHIVE_DIR=str(tmp_path)), "erase", "--email", "gone@example.com"
+    )
+
+    assert refused.code == 1, refused  # the archive is corrupt: nothing erased
+    assert "nothing erased" in refused.err
+    assert await db.fetchval("SELECT body FROM inbox WHERE event_id = $1", live) == body
+    assert await db.fetchval("SELECT count(*) FROM operator_actions") == 0
