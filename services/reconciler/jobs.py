@@ -231,6 +231,8 @@ async def housekeeping_once(
     retention_s = retention_days * 86_400.0
     await partitions_sql.ensure_ahead(pool)
     archived = await archive.expire(pool, retention_days, archive_dir)
+    if archive_dir is not None:
+        await archive.remove_unrecorded(pool, archive_dir)
     deleted = {"inbox": sum(a.rows for a in archived)}
     started = time.monotonic()
     for table in ("inbox_keys", "outbox", "processed_events", "parked_events", "refused_webhooks"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,38 @@ async def expire(
         if archive is not None:
             written.append(archive)
     return written
+
+
+# Files in ARCHIVE_DIR no record names (a temporary file of a write that failed, a file an
+# erasure replaced whose removal a crash cut short, which still holds the address) go once
+# they are this old: any write of a file and its record's commit take far less.
+UNRECORDED_KEPT_S = 3600.0
+
+
+async def remove_unrecorded(pool: asyncpg.Pool[Any], archive_dir: Path) -> list[str]:
+    """Remove the archive directory's files older than UNRECORDED_KEPT_S that no archive
+    record names, under the archive lock (no archive is being written meanwhile); their
+    names."""
+    async with pool.acquire() as conn, conn.transaction():
+        await archives_sql.lock_archives(conn)
+        recorded = {r["file_name"] for r in await archives_sql.all_archives(conn)}
+        removed = await asyncio.to_thread(_remove_unrecorded, archive_dir, recorded)
+    if removed:
+        log.warning("inbox.archive_files_removed", files=removed, reason="unrecorded")
+    return removed
+
+
+def _remove_unrecorded(directory: Path, recorded: set[str]) -> list[str]:
+    if not directory.is_dir():
+        return []
+    cutoff = time.time() - UNRECORDED_KEPT_S
+    removed = []
+    for path in directory.iterdir():
+        ours = path.name.startswith(("inbox-", ".inbox-"))
+        if ours and path.name not in recorded and path.stat().st_mtime < cutoff:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return sorted(removed)
 
 
 async def archive_day(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.db import create_pool
 from shared.migrate import load_migrations
-from shared.ops.archive import ArchivesUnreachableError
+from shared.ops.archive import UNRECORDED_KEPT_S, ArchivesUnreachableError
 from shared.ops.archive_files import event_of, lines
 from shared.ops.erasure import MARKER, parse_selector
 from shared.ops.operator_actions import Edge, Operator, erase_recorded
@@ -282,3 +283,22 @@ async def test_an_erasure_that_cannot_reach_the_archives_erases_nothing(
     assert "nothing erased" in refused.err
     assert await db.fetchval("SELECT body FROM inbox WHERE event_id = $1", live) == body
     assert await db.fetchval("SELECT count(*) FROM operator_actions") == 0
+
+
+async def test_files_no_archive_records_are_removed_once_an_hour_old(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    """A file an erasure replaced and a crash left behind still holds the address."""
+    [old] = await store_events(db)
+    await received_long_ago(db, [old])
+    await housekeeping(settings, tmp_path)
+    recorded = await db.fetchval("SELECT file_name FROM inbox_archives")
+    stale, fresh = tmp_path / "inbox-20200101-0123456789ab.jsonl.gz", tmp_path / ".inbox-x.tmp"
+    stale.write_bytes(b"replaced")
+    fresh.write_bytes(b"being written")
+    an_hour_ago = time.time() - UNRECORDED_KEPT_S - 60
+    os.utime(stale, (an_hour_ago, an_hour_ago))
+
+    await housekeeping(settings, tmp_path)
+
+    assert sorted(await asyncio.to_thread(os.listdir, tmp_path)) == sorted([recorded, fresh.name])
