@@ -23,6 +23,7 @@ from shared.errors import PermanentError, TransientError
 from shared.messages import reconciler_headers
 from shared.metrics import ReconcilerMetrics
 from shared.ops import archive
+from shared.ops.archive_files import ArchiveCorruptError
 from shared.order_machine import OrderState, Reason, agrees, decide
 from shared.providers.registry import asks_xhub
 from shared.providers.xhub import PROVIDER, STATUS_CHANGED
@@ -229,11 +230,17 @@ async def housekeeping_once(
     dropped (shared/ops/archive.py), then rows past the retention deleted in small batches
     (short locks, no long transaction); the rows gone per table."""
     retention_s = retention_days * 86_400.0
-    await partitions_sql.ensure_ahead(pool)
-    archived = await archive.expire(pool, retention_days, archive_dir)
-    if archive_dir is not None:
-        await archive.remove_unrecorded(pool, archive_dir)
-    deleted = {"inbox": sum(a.rows for a in archived)}
+    deleted = {"inbox": 0}
+    try:
+        await partitions_sql.ensure_ahead(pool)
+        archived = await archive.expire(pool, retention_days, archive_dir)
+        if archive_dir is not None:
+            await archive.remove_unrecorded(pool, archive_dir)
+        deleted["inbox"] = sum(a.rows for a in archived)
+    except (OSError, ArchiveCorruptError, asyncpg.PostgresError):
+        # A full disk or a lost volume must not stop the reconciler's passes (they would
+        # fail at this step every interval): the inbox's days wait, the rest goes on.
+        log.exception("inbox.expiry_failed", archive_dir=str(archive_dir))
     started = time.monotonic()
     for table in ("inbox_keys", "outbox", "processed_events", "parked_events", "refused_webhooks"):
         total = 0

@@ -58,8 +58,13 @@ async def expire(
         return []
     written = []
     for day in due:
-        async with pool.acquire() as conn:
-            archive = await archive_day(conn, day, archive_dir)
+        try:
+            async with pool.acquire() as conn:
+                archive = await archive_day(conn, day, archive_dir)
+        except asyncpg.LockNotAvailableError:
+            # The drop waited lock_timeout behind ingest's transactions: the next pass.
+            log.info("inbox.expiry_postponed", day=day.isoformat(), reason="lock_timeout")
+            continue
         if archive is not None:
             written.append(archive)
     return written
@@ -108,8 +113,11 @@ async def archive_day(
     start, end = day_range(day)
     async with conn.transaction():
         # An erasure rewriting archives waits, and one in progress finishes first: it then
-        # finds the day's rows in the inbox or in this archive, never in neither.
+        # finds the day's rows in the inbox or in this archive, never in neither. Another
+        # reconciler that archived the day meanwhile leaves nothing to do.
         await archives_sql.lock_archives(conn)
+        if day not in await partitions_sql.days(conn):
+            return None
         unpublished = await partitions_sql.unpublished_between(conn, start, end)
         if unpublished:
             log.warning("inbox.expiry_postponed", day=day.isoformat(), unpublished=unpublished)

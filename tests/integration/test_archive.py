@@ -302,3 +302,36 @@ async def test_files_no_archive_records_are_removed_once_an_hour_old(
     await housekeeping(settings, tmp_path)
 
     assert sorted(await asyncio.to_thread(os.listdir, tmp_path)) == sorted([recorded, fresh.name])
+
+
+async def test_two_reconcilers_archive_a_day_once(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    [old] = await store_events(db)
+    await received_long_ago(db, [old])
+
+    both = await asyncio.gather(housekeeping(settings, tmp_path), housekeeping(settings, tmp_path))
+
+    assert sorted(d["inbox"] for d in both) == [0, 1]
+    assert await db.fetchval("SELECT count(*) FROM inbox_archives") == 1
+    assert len(await asyncio.to_thread(os.listdir, tmp_path)) == 1
+
+
+async def test_an_archive_that_cannot_be_written_keeps_the_day_and_the_rest_goes_on(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    [old] = await store_events(db)
+    await received_long_ago(db, [old])
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_bytes(b"")
+    await db.execute(
+        "INSERT INTO processed_events (worker, event_id, outcome, processed_at)"
+        " VALUES ('orders', 'old', 'ok', now() - interval '40 days')"
+    )
+
+    with capture_logs() as logs:
+        deleted = await housekeeping(settings, not_a_directory)
+
+    assert (deleted["inbox"], deleted["processed_events"]) == (0, 1)
+    assert await db.fetchval("SELECT count(*) FROM inbox") == 1
+    assert [e["log_level"] for e in logs if e["event"] == "inbox.expiry_failed"] == ["error"]
