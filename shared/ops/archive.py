@@ -131,8 +131,15 @@ async def archive_day(
         except BaseException:
             await asyncio.to_thread(writer.abandon)
             raise
-        await archives_sql.record(conn, written.file_name, start, end, written.rows, written.sha256)
-        await partitions_sql.drop(conn, day)
+        try:
+            await archives_sql.record(
+                conn, written.file_name, start, end, written.rows, written.sha256
+            )
+            await partitions_sql.drop(conn, day)
+        except BaseException:
+            # Not recorded after all (the next pass writes the day again).
+            await asyncio.to_thread((archive_dir / written.file_name).unlink, missing_ok=True)
+            raise
     log.info(
         "inbox.archived",
         day=day.isoformat(),

@@ -51,8 +51,10 @@ async def unpublished_between(conn: Executor, start: dt.datetime, end: dt.dateti
 
 async def drop(conn: Executor, day: dt.date) -> None:
     """Detach and drop the day's partition: ACCESS EXCLUSIVE on inbox until the caller's
-    transaction ends, which it does at once; `lock_timeout` bounds the wait behind ingest."""
-    await conn.execute("SET LOCAL lock_timeout = '5s'")
+    transaction ends, which it does at once. While the drop waits for a reader of the inbox
+    (a listing, a replay), ingest's inserts queue behind it: `lock_timeout` keeps that well
+    inside ingest's 4 s database budget; a drop that times out waits for the next pass."""
+    await conn.execute("SET LOCAL lock_timeout = '1s'")
     await conn.execute("SELECT payhooks_drop_inbox_partition($1)", day)
 
 

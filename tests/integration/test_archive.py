@@ -335,3 +335,29 @@ async def test_an_archive_that_cannot_be_written_keeps_the_day_and_the_rest_goes
     assert (deleted["inbox"], deleted["processed_events"]) == (0, 1)
     assert await db.fetchval("SELECT count(*) FROM inbox") == 1
     assert [e["log_level"] for e in logs if e["event"] == "inbox.expiry_failed"] == ["error"]
+
+
+async def test_a_drop_waiting_behind_a_reader_gives_up_and_the_next_pass_archives(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    [old] = await store_events(db)
+    await received_long_ago(db, [old])
+    await housekeeping(settings, None)  # its partition made
+    reader = await asyncpg.connect(settings.database_url)
+    try:
+        transaction = reader.transaction()
+        await transaction.start()
+        await reader.fetchval("SELECT count(*) FROM inbox")  # holds a lock the drop waits for
+
+        with capture_logs() as logs:
+            first = await housekeeping(settings, tmp_path)
+        await transaction.rollback()
+    finally:
+        await reader.close()
+    second = await housekeeping(settings, tmp_path)
+
+    assert first["inbox"] == 0
+    assert any(e.get("reason") == "lock_timeout" for e in logs)
+    assert second["inbox"] == 1
+    recorded = await db.fetchval("SELECT file_name FROM inbox_archives")
+    assert await asyncio.to_thread(os.listdir, tmp_path) == [recorded]
