@@ -46,6 +46,10 @@ def topology_of(env: dict[str, str]) -> Topology:
     return build_topology(settings.amqp_prefix, settings.retry_delays_s)
 
 
+# What an ingest benchmark empties: the inbox, its dedup keys (migration 021), its unpublished ids.
+INBOX_TABLES = "inbox, inbox_keys, inbox_unpublished"
+
+
 async def reset(database_url: str, amqp_url: str, topology: Topology, tables: str) -> None:
     """Empty `tables` (a constant list, never user input) and remove `topology`, which a
     killed run may have left behind."""

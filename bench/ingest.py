@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 
-from bench.backing import analyze, first_node, own_vhost, reset, topology_of
+from bench.backing import INBOX_TABLES, analyze, first_node, own_vhost, reset, topology_of
 from bench.load import Clients, Plan, Summary, make_plan, summarize
 from bench.observe import (
     CLK_TCK,
@@ -231,9 +231,7 @@ def run_one(
         # Planner statistics for the warmed-up tables, as autovacuum keeps them on a live
         # system: planned on the TRUNCATEd tables, a copy's lookup stays a sequential scan of
         # the growing inbox in the server's prepared statement (bench/backing.py's analyze).
-        clients.wait_started(
-            before=lambda: asyncio.run(analyze(args.database_url, "inbox, inbox_unpublished"))
-        )
+        clients.wait_started(before=lambda: asyncio.run(analyze(args.database_url, INBOX_TABLES)))
         metrics_before = scrape(base_url)
         cpu_before = cpu_ticks(server_pid, clients.pids, database, args.servers)
         machine_before, wall_before = busy_idle(), time.monotonic()
@@ -293,7 +291,7 @@ def run_owned(name: str, args: argparse.Namespace) -> Result:
     )
     topology = topology_of(env)
     # A clean start, and a clean end below: the inbox emptied, the server's topology removed.
-    asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished"))
+    asyncio.run(reset(args.database_url, args.amqp_url, topology, INBOX_TABLES))
     with open(args.server_log, "ab") as log, tempfile.TemporaryFile() as errors:
         server = Server(name, env, log, errors)
         try:
@@ -303,9 +301,7 @@ def run_owned(name: str, args: argparse.Namespace) -> Result:
             return run_one(name, args, server.base_url, server.process.pid, secret.encode())
         finally:
             server.stop()
-            asyncio.run(
-                reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished")
-            )
+            asyncio.run(reset(args.database_url, args.amqp_url, topology, INBOX_TABLES))
 
 
 # --- output -----------------------------------------------------------------------------------

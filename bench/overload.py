@@ -29,7 +29,7 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.backing import reset, topology_of
+from bench.backing import INBOX_TABLES, reset, topology_of
 from bench.blocked import BlockedRun, run_blocked
 from bench.ingest import BENCH_DATABASE_URL, DEFAULT_AMQP_URL, Server
 from bench.load import Clients, Summary, make_plan, summarize
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> bool:
     )
     topology = topology_of(env)
     migrate(args.database_url)
-    asyncio.run(reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished"))
+    asyncio.run(reset(args.database_url, args.amqp_url, topology, INBOX_TABLES))
     ok = True
     with open(args.server_log, "ab") as log, tempfile.TemporaryFile() as errors:
         server = Server("ingest", env, log, errors)
@@ -202,9 +202,7 @@ def run(args: argparse.Namespace) -> bool:
                 ok &= report_blocked(blocked)
         finally:
             server.stop()
-            asyncio.run(
-                reset(args.database_url, args.amqp_url, topology, "inbox, inbox_unpublished")
-            )
+            asyncio.run(reset(args.database_url, args.amqp_url, topology, INBOX_TABLES))
     print("verdict:", "ok" if ok else "FAILED")
     return ok
 

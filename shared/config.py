@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.config_values import amqp_url, ca_file, directory, log_format, log_level, smtp_tls
@@ -79,6 +80,8 @@ class Settings:
     admin_token: str | None = field(repr=False)
     admin_tokens: tuple[AdminToken, ...] = field(repr=False)  # ADMIN_TOKEN's first, as `admin`
     retention_days: int
+    # Where expired inbox days are archived (docs/retention.md); None: nothing is expired.
+    archive_dir: Path | None
     ingest_port: int
     ingest_processes: int
     api_port: int
@@ -151,6 +154,7 @@ class Settings:
                 "ADMIN_TOKENS", with_legacy(admin, ()), lambda t: parse_admin_tokens(t, admin)
             ),
             "retention_days": reader.parse("RETENTION_DAYS", 35, _retention_days),
+            "archive_dir": reader.parse("ARCHIVE_DIR", None, _archive_dir),
             "ingest_port": reader.parse("INGEST_PORT", 8080, _port),
             "ingest_processes": reader.parse("INGEST_PROCESSES", 1, _processes),
             "api_port": reader.parse("API_PORT", 8081, _port),
@@ -279,6 +283,17 @@ def _retention_days(raw: str) -> int:
     if value < MIN_RETENTION_DAYS:
         raise ValueError(f"must be at least {MIN_RETENTION_DAYS} (the dedup window)")
     return value
+
+
+def _archive_dir(raw: str) -> Path:
+    # Absolute: the reconciler, the api and the CLI may start in different directories and
+    # must all name the same files. Created at the first archive if missing.
+    path = Path(raw)
+    if not path.is_absolute():
+        raise ValueError("must be an absolute path")
+    if path.exists() and not path.is_dir():
+        raise ValueError("must be a directory")
+    return path
 
 
 def _positive_int(raw: str) -> int:

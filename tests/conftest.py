@@ -340,8 +340,9 @@ async def db(migrated_database: str) -> AsyncIterator[asyncpg.Connection[Any]]:
         for attempt in range(5):
             try:
                 await conn.execute(
-                    "TRUNCATE inbox, inbox_unpublished, orders, order_transitions,"
-                    " processed_events, outbox, bonus_ledger, emails_sent, operator_actions,"
+                    "TRUNCATE inbox, inbox_keys, inbox_archives, inbox_unpublished, orders,"
+                    " order_transitions, processed_events, outbox, bonus_ledger, emails_sent,"
+                    " operator_actions,"
                     " console_sessions, parked_events, refused_webhooks RESTART IDENTITY"
                 )
                 break

@@ -84,6 +84,7 @@ def create_app(
     queue_metrics = QueueMetrics.create(registry)
     app = base_app(registry)
     app[monitor.PASSES] = passes = monitor.Passes()
+    app[erasure_routes.ARCHIVE_DIR] = settings.archive_dir
     app.middlewares.append(api_only(errors.json_errors))  # first: outside every other
     app.middlewares.append(api_only(admin_auth(settings.admin_tokens, OPEN_PATHS)))
     app.middlewares.append(api_only(path_ids))

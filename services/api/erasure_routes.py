@@ -3,17 +3,22 @@ audited function, answer."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 from aiohttp import web
 
 from services.api.auth import actor
 from services.api.responses import json_response, problem
 from shared.db import DB_POOL
-from shared.ops import erasure
+from shared.ops import archive, erasure
+from shared.ops.archive_files import ArchiveCorruptError
 from shared.ops.operator_actions import Edge, Operator, erase_recorded
 from shared.process.http_limits import read_body
 
 FIELDS = ("email", "user_id", "order_id")
+# The inbox's archives an erasure rewrites (Settings.archive_dir; None: not configured here).
+ARCHIVE_DIR: web.AppKey[Path | None] = web.AppKey("archive_dir")
 
 
 async def erase_person(request: web.Request) -> web.Response:
@@ -31,8 +36,14 @@ async def erase_person(request: web.Request) -> web.Response:
         return problem(400, "invalid_erasure", str(e))
     try:
         erased = await erase_recorded(
-            request.app[DB_POOL], selector, Operator(actor(request).name, Edge.API)
+            request.app[DB_POOL],
+            selector,
+            Operator(actor(request).name, Edge.API),
+            request.app[ARCHIVE_DIR],
         )
     except erasure.PersonNotFoundError as e:
         return problem(404, "not_found", str(e))
+    except (ArchiveCorruptError, archive.ArchivesUnreachableError) as e:
+        # Nothing was erased: an erasure that left an archive holding the address is none.
+        return problem(503, "archives_unavailable", f"nothing erased: {e}")
     return json_response(erased.as_json())

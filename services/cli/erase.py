@@ -10,7 +10,8 @@ import orjson
 
 from shared.config import Settings
 from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_USAGE
-from shared.ops import erasure
+from shared.ops import archive, erasure
+from shared.ops.archive_files import ArchiveCorruptError
 from shared.ops.connections import database
 from shared.ops.operator_actions import Edge, Operator, erase_recorded
 from shared.queries import audit
@@ -32,7 +33,8 @@ def _fail(message: str, code: int) -> int:
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
     """0: erased, or nothing left to erase of a known person (already erased); 1: an unknown
-    user or order id, or an address held nowhere; 2: bad input."""
+    user or order id, or an address held nowhere, or an archive found corrupt (nothing
+    erased); 2: bad input, or archives recorded and ARCHIVE_DIR not set (nothing erased)."""
     try:
         selector = erasure.parse_selector(args.email, args.user, args.order)
     except erasure.ErasureInputError as e:
@@ -40,9 +42,13 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
     by = Operator(audit.cli_actor(), Edge.CLI)
     async with database(settings) as conn:
         try:
-            erased = await erase_recorded(conn, selector, by)
+            erased = await erase_recorded(conn, selector, by, settings.archive_dir)
         except erasure.PersonNotFoundError as e:
             return _fail(str(e), EXIT_NOTHING)
+        except ArchiveCorruptError as e:
+            return _fail(f"nothing erased: archive {e}", EXIT_NOTHING)
+        except archive.ArchivesUnreachableError as e:
+            return _fail(f"nothing erased: {e}", EXIT_USAGE)
     answer = erased.as_json()
     if args.json:
         print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from dotenv import load_dotenv
 
 from services.cli import (
+    archive,
     audit,
     commands,
     erase,
@@ -97,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=commands.payment_show)
 
     events.add_arguments(subcommands.add_parser("event", help="webhooks in the inbox"))
+    archive.add_arguments(
+        subcommands.add_parser("archive", help="the inbox's archived days (past RETENTION_DAYS)")
+    )
 
     dlq = subcommands.add_parser("dlq", help="dead-letter queues").add_subparsers(
         dest="subcommand", required=True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -21,6 +22,8 @@ from shared.config import Settings
 from shared.errors import PermanentError, TransientError
 from shared.messages import reconciler_headers
 from shared.metrics import ReconcilerMetrics
+from shared.ops import archive
+from shared.ops.archive_files import ArchiveCorruptError
 from shared.order_machine import OrderState, Reason, agrees, decide
 from shared.providers.registry import asks_xhub
 from shared.providers.xhub import PROVIDER, STATUS_CHANGED
@@ -29,6 +32,7 @@ from shared.providers.xhub.events import ProviderEvent, status_changed
 from shared.providers.xhub.payments import ProviderPayment
 from shared.queries import inbox as inbox_sql
 from shared.queries import orders as orders_sql
+from shared.queries import partitions as partitions_sql
 from shared.queries import retention as retention_sql
 from shared.queries import schedule as schedule_sql
 from shared.queries.schedule import CLASS_NAMES, Timing
@@ -219,15 +223,36 @@ def _whom_to_ask(
     return None
 
 
-async def housekeeping_once(pool: asyncpg.Pool[Any], retention_days: int) -> dict[str, int]:
-    """Delete rows past the retention in small batches (short locks, no long transaction)."""
+async def housekeeping_once(
+    pool: asyncpg.Pool[Any], retention_days: int, archive_dir: Path | None = None
+) -> dict[str, int]:
+    """The inbox's partitions made days ahead, its days past the retention archived and
+    dropped (shared/ops/archive.py), then rows past the retention deleted in small batches
+    (short locks, no long transaction); the rows gone per table."""
     retention_s = retention_days * 86_400.0
-    deleted = {}
+    deleted = {"inbox": 0}
+    try:
+        await partitions_sql.ensure_ahead(pool)
+        archived = await archive.expire(pool, retention_days, archive_dir)
+        if archive_dir is not None:
+            await archive.remove_unrecorded(pool, archive_dir)
+        deleted["inbox"] = sum(a.rows for a in archived)
+    except (OSError, ArchiveCorruptError, asyncpg.PostgresError):
+        # A full disk or a lost volume must not stop the reconciler's passes (they would
+        # fail at this step every interval): the inbox's days wait, the rest goes on.
+        log.exception("inbox.expiry_failed", archive_dir=str(archive_dir))
     started = time.monotonic()
-    for table in ("inbox", "outbox", "processed_events", "parked_events", "refused_webhooks"):
+    for table in ("inbox_keys", "outbox", "processed_events", "parked_events", "refused_webhooks"):
         total = 0
         while True:
-            count = await retention_sql.delete_old(pool, table, retention_s, _HOUSEKEEPING_BATCH)
+            if table == "inbox_keys":
+                count = await partitions_sql.delete_old_keys(
+                    pool, retention_days, _HOUSEKEEPING_BATCH
+                )
+            else:
+                count = await retention_sql.delete_old(
+                    pool, table, retention_s, _HOUSEKEEPING_BATCH
+                )
             total += count
             if count < _HOUSEKEEPING_BATCH or time.monotonic() - started > 30:
                 break
@@ -264,6 +289,7 @@ class Reconciler:
         )
         self._size = schedule.claim_size(client.policy.rate_per_s)
         self._retention_days = settings.retention_days
+        self._archive_dir = settings.archive_dir
         self._swept = float("-inf")
         metrics.budget.set(client.policy.rate_per_s)
         metrics.interval.set(self._timing.interval_s)
@@ -277,7 +303,7 @@ class Reconciler:
             if time.monotonic() - self._swept >= self._timing.interval_s:
                 self._swept = time.monotonic()
                 await self.observe_backlog()
-                await housekeeping_once(self._pool, self._retention_days)
+                await housekeeping_once(self._pool, self._retention_days, self._archive_dir)
             asked = await reconcile_once(
                 self._pool,
                 self._broker,

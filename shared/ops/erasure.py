@@ -7,7 +7,10 @@ their orders (`--order`); the last two stand for the addresses of that user's or
 orders, and each of those addresses is erased wherever it is held: in every order registered
 with it so far (not in one registered later: that is a new person's data), in the sent-email
 records, and inside the raw bodies and headers of the inbox, the parked events and the outbox
-(as stored bytes: the provider's signature over an inbox body no longer verifies after this).
+(as stored bytes: the provider's signature over an inbox body no longer verifies after this),
+and of the inbox's archives (shared/ops/archive.py: each archive holding the address is
+written again as a new file, verified and recorded; the caller removes the old file after
+the commit).
 The address becomes MARKER; orders.erased_at says when. The user id is kept: it is the shop's
 pseudonymous key (the ledger's too), which identifies nobody without the shop's own records.
 
@@ -22,9 +25,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal
 
 from shared.db import Executor
+from shared.ops import archive
 from shared.queries import emails as emails_sql
 from shared.queries import erasure as erasure_sql
 from shared.queries import parked as parked_sql
@@ -33,7 +38,8 @@ MARKER = "erased@invalid"  # RFC 2606: the `.invalid` top-level domain never del
 MAX_ADDRESS_CHARS = 320
 MAX_ID_CHARS = 255
 # Tables whose rows an erasure may change, in the order it changes them (its answer's keys).
-TABLES = ("orders", "emails_sent", "inbox", "parked_events", "outbox")
+# inbox_archives: the archived events changed (in rewritten archive files).
+TABLES = ("orders", "emails_sent", "inbox", "parked_events", "outbox", "inbox_archives")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 
@@ -95,6 +101,8 @@ class Erased:
     orders: list[str] = field(default_factory=list)
     already_erased: list[str] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TABLES, 0))
+    # Archive files an erasure replaced: removed once its transaction committed.
+    replaced_files: list[Path] = field(default_factory=list)
 
     @property
     def changed(self) -> int:
@@ -113,9 +121,11 @@ class Erased:
         }
 
 
-async def erase(conn: Executor, selector: Selector) -> Erased:
+async def erase(conn: Executor, selector: Selector, archive_dir: Path | None = None) -> Erased:
     """Erase the selected person's addresses; run it in a transaction (the caller's, which
-    also holds the audit row). PersonNotFoundError for an unknown user or order id."""
+    also holds the audit row), then remove `replaced_files`. PersonNotFoundError for an
+    unknown user or order id; archive.ArchivesUnreachableError or ArchiveCorruptError when
+    archives are recorded that can't be rewritten (nothing is erased then)."""
     erased = Erased(selector)
     addresses, payment_ids = await _addresses(conn, selector, erased)
     if not addresses:
@@ -131,6 +141,10 @@ async def erase(conn: Executor, selector: Selector) -> Erased:
     erased.rows["emails_sent"] = await erasure_sql.erase_recipients(conn, addresses, MARKER)
     for table, has_headers in erasure_sql.RAW_TABLES:
         erased.rows[table] = await _rewrite(conn, table, has_headers, addresses)
+    redact = _Redaction(addresses)
+    erased.rows["inbox_archives"], erased.replaced_files = await archive.rewrite_archives(
+        conn, archive_dir, redact.archived_event
+    )
     return erased
 
 
@@ -149,17 +163,39 @@ async def _addresses(
     return sorted({r["email"].strip().lower() for r in live}), [r["payment_id"] for r in live]
 
 
+class _Redaction:
+    """The addresses replaced by MARKER in raw bytes (ASCII letters compared without case)
+    and in the strings of a JSON value."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self._patterns = [re.compile(re.escape(a), re.IGNORECASE) for a in addresses]
+        self._raw = [re.compile(re.escape(a.encode()), re.IGNORECASE) for a in addresses]
+
+    def body(self, body: bytes) -> bytes:
+        for pattern in self._raw:
+            body = pattern.sub(MARKER.encode(), body)
+        return body
+
+    def headers(self, headers: Any) -> Any:
+        return _scrub(headers, self._patterns)
+
+    def archived_event(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The archived event redacted as its inbox row would be; None if it holds no
+        address."""
+        body, headers = self.body(event["body"]), self.headers(event["headers"])
+        if body == event["body"] and headers == event["headers"]:
+            return None
+        return {**event, "body": body, "headers": headers}
+
+
 async def _rewrite(conn: Executor, table: str, has_headers: bool, addresses: list[str]) -> int:
     """Replace the addresses inside the raw bodies (bytes; ASCII letters compared without
     case) and header values of the table's rows that hold them; the rows changed."""
-    patterns = [re.compile(re.escape(a), re.IGNORECASE) for a in addresses]
-    raw = [re.compile(re.escape(a.encode()), re.IGNORECASE) for a in addresses]
+    redact = _Redaction(addresses)
     changed = 0
     for row in await erasure_sql.rows_holding(conn, table, has_headers, addresses):
-        body: bytes = row["body"]
-        for pattern in raw:
-            body = pattern.sub(MARKER.encode(), body)
-        headers = _scrub(row["headers"], patterns) if has_headers else None
+        body = redact.body(row["body"])
+        headers = redact.headers(row["headers"]) if has_headers else None
         if body == row["body"] and headers == row["headers"]:
             continue
         await erasure_sql.rewrite_row(conn, table, row["id"], body, headers)

@@ -3,10 +3,12 @@ console and the CLI only parse their input and render the answer, so no edge can
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import asyncpg
@@ -356,17 +358,21 @@ async def _transaction(db: Executor) -> AsyncIterator[Executor]:
             yield db
 
 
-async def erase_recorded(db: Executor, selector: erasure.Selector, by: Operator) -> erasure.Erased:
+async def erase_recorded(
+    db: Executor, selector: erasure.Selector, by: Operator, archive_dir: Path | None = None
+) -> erasure.Erased:
     """Erase a person's data (shared/ops/erasure.py) and record it, in one transaction: an
     erasure never stands unrecorded. Every request is recorded, one that found nothing left to
     change too (count 0: the evidence that it was asked and done). The audit row never holds
     the address: its target is `email`, `user:<id>` or `order:<id>`, its ids the orders
     erased now, its count the rows changed and its filter those counts per table.
-    erasure.PersonNotFoundError (nothing recorded) for an unknown user or order id."""
+    erasure.PersonNotFoundError (nothing recorded) for an unknown user or order id; the
+    archive errors of erasure.erase (nothing erased, nothing recorded). The archive files the
+    erasure replaced are removed after the commit."""
 
     async def run(conn: asyncpg.Connection[Any] | PoolConnectionProxy[Any]) -> erasure.Erased:
         async with conn.transaction():
-            erased = await erasure.erase(conn, selector)
+            erased = await erasure.erase(conn, selector, archive_dir)
             detail = {
                 "by": selector.by.value,
                 "rows": erased.rows,
@@ -386,5 +392,10 @@ async def erase_recorded(db: Executor, selector: erasure.Selector, by: Operator)
 
     if isinstance(db, asyncpg.Pool):
         async with db.acquire() as conn:
-            return await run(conn)
-    return await run(db)
+            erased = await run(conn)
+    else:
+        erased = await run(db)
+    # Committed: the archive files it replaced (holding the address) go.
+    for path in erased.replaced_files:
+        await asyncio.to_thread(path.unlink, missing_ok=True)
+    return erased

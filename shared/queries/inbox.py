@@ -36,31 +36,43 @@ class StoredEntry:
     published: bool  # RabbitMQ confirmed a publish of it (and the mark committed)
 
 
-# One statement stores a whole batch: new ids are inserted (each with its row in
-# `inbox_unpublished` until the confirm), ids already stored count their copies as duplicates.
-# `xmax = 0` tells an insert from an update. A copy is published when its row was in this
-# statement's snapshot without an unpublished row: a row a concurrent transaction committed
-# after the snapshot (the INSERT waited for it) counts as unpublished, since its unpublished
-# row can't be seen yet, and is published again (harmless) rather than answered unconfirmed.
+# One statement stores a whole batch: each event id's key goes into `inbox_keys` (the dedup,
+# which outlives the inbox's daily partitions: shared/migrations/021_inbox_partitions.sql);
+# a new key's row goes into the inbox (and `inbox_unpublished` until the confirm), a key stored
+# before counts its copies as duplicates. `xmax = 0` tells an insert from an update. A copy is
+# published when its key was in this statement's snapshot without an unpublished row: a key a
+# concurrent transaction committed after the snapshot (the INSERT waited for it) counts as
+# unpublished, since its unpublished row can't be seen yet, and is published again (harmless)
+# rather than answered unconfirmed. A key whose row retention archived was published long
+# before (retention keeps every unpublished row). The key is looked up by a scalar subquery,
+# not EXISTS: PostgreSQL may turn an EXISTS into a hash of the whole table, which the plan of
+# a young table keeps as the table grows (measured: a scan of inbox_keys per batch).
 _STORE_BATCH = """
-WITH stored AS (
-    INSERT INTO inbox AS i (provider, event_id, event_type, payment_id, body, headers, duplicates)
-    SELECT $1, t.event_id, t.event_type, t.payment_id, t.body, t.headers::jsonb, t.copies - 1
-    FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::int[])
+WITH t AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], $7::int[])
          AS t(event_id, event_type, payment_id, body, headers, copies)
+), keys AS (
+    INSERT INTO inbox_keys AS k (provider, event_id, id, received_at, duplicates)
+    SELECT $1, t.event_id, nextval('inbox_id_seq'), now(), t.copies - 1 FROM t
     ON CONFLICT (provider, event_id) DO UPDATE SET
-        duplicates = i.duplicates + EXCLUDED.duplicates + 1, last_seen_at = now()
-    RETURNING i.id, i.event_id, i.received_at, (i.xmax = 0) AS inserted
+        duplicates = k.duplicates + EXCLUDED.duplicates + 1, last_seen_at = now()
+    RETURNING k.id, k.event_id, k.received_at, (k.xmax = 0) AS inserted
+), stored AS (
+    INSERT INTO inbox (id, provider, event_id, event_type, payment_id, body, headers, received_at)
+    SELECT k.id, $1, t.event_id, t.event_type, t.payment_id, t.body, t.headers::jsonb,
+           k.received_at
+    FROM keys k JOIN t USING (event_id) WHERE k.inserted
 ), unpublished AS (
     INSERT INTO inbox_unpublished (id, received_at)
-    SELECT id, received_at FROM stored WHERE inserted
+    SELECT id, received_at FROM keys WHERE inserted
 )
-SELECT s.id, s.event_id, s.inserted,
-       CASE WHEN s.inserted THEN false
-            ELSE EXISTS (SELECT 1 FROM inbox v WHERE v.id = s.id)
-                 AND NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = s.id)
+SELECT k.id, k.event_id, k.inserted,
+       CASE WHEN k.inserted THEN false
+            ELSE coalesce((SELECT true FROM inbox_keys v WHERE v.provider = $1
+                                                          AND v.event_id = k.event_id), false)
+                 AND NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = k.id)
        END AS published
-FROM stored s
+FROM keys k
 """
 
 
@@ -94,10 +106,16 @@ async def store_batch(
 
 
 _STORE_ONE = """
-INSERT INTO inbox (provider, event_id, event_type, payment_id, body, headers)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb)
-ON CONFLICT (provider, event_id) DO NOTHING
-RETURNING id
+WITH k AS (
+    INSERT INTO inbox_keys (provider, event_id, id, received_at)
+    VALUES ($1, $2, nextval('inbox_id_seq'), now())
+    ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING id, received_at
+), i AS (
+    INSERT INTO inbox (id, provider, event_id, event_type, payment_id, body, headers, received_at)
+    SELECT k.id, $1, $2, $3, $4, $5, $6::jsonb, k.received_at FROM k
+)
+SELECT id FROM k
 """
 
 
@@ -143,6 +161,9 @@ class Unpublished:
     body: bytes
 
 
+# Joined by id alone, not also by received_at (which would pick the partition): a row the
+# sweeper cannot find is a publish lost for good, and the few rows a pass takes afford a
+# probe of each partition's primary key.
 _LOCK_UNPUBLISHED = """
 SELECT i.id, i.provider, i.event_id, i.event_type, i.body
 FROM inbox_unpublished u JOIN inbox i ON i.id = u.id
@@ -163,13 +184,17 @@ async def lock_unpublished(db: Executor, older_than_s: float, limit: int) -> lis
 # A stored webhook as the views describe it: whether RabbitMQ confirmed it, and what the orders
 # worker decided about it (shared/ops/inbox_view.py turns both into its outcome), found by the
 # id the workers know it by (shared/providers/registry.py message_of: X-Hub's event id as it
-# is, any other provider's after its name and a colon). {extra}: more columns.
+# is, any other provider's after its name and a colon), with its copies counted on its key.
+# {extra}: more columns.
 DESCRIBED = (
     "SELECT i.id, i.provider, i.event_id, i.event_type, i.payment_id, i.received_at,"
-    " i.duplicates,"
+    " coalesce(k.duplicates, 0) AS duplicates,"
+    " coalesce(k.last_seen_at, i.received_at) AS last_seen_at,"
     " NOT EXISTS (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) AS published,"
     " p.outcome AS processed_outcome{extra}"
-    " FROM inbox i LEFT JOIN processed_events p"
+    " FROM inbox i"
+    " LEFT JOIN inbox_keys k ON k.provider = i.provider AND k.event_id = i.event_id"
+    " LEFT JOIN processed_events p"
     "   ON p.worker = 'orders' AND p.event_id = CASE i.provider WHEN 'xhub' THEN i.event_id"
     "     ELSE i.provider || ':' || i.event_id END"
 )
@@ -194,8 +219,9 @@ async def providers_of_payment(db: Executor, payment_id: str) -> list[str]:
 async def webhook(db: Executor, provider: str, event_id: str) -> asyncpg.Record | None:
     """One stored webhook with its body and headers; None if there is none."""
     return await db.fetchrow(
-        DESCRIBED.format(extra=", i.body, i.headers, i.last_seen_at")
-        + " WHERE i.provider = $1 AND i.event_id = $2",
+        DESCRIBED.format(extra=", i.body, i.headers")
+        + " WHERE (i.id, i.received_at) = (SELECT k.id, k.received_at FROM inbox_keys k"
+        " WHERE k.provider = $1 AND k.event_id = $2)",
         provider,
         event_id,
     )

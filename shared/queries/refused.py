@@ -56,12 +56,12 @@ async def record(conn: Executor, refusals: Sequence[Refusal]) -> int:
 async def refused_between(
     conn: Executor, since: datetime, until: datetime, limit: int
 ) -> list[dict[str, Any]]:
-    """Event ids refused in [since, until] (by their last refusal) that the inbox still does
-    not have (a later copy accepted is not missing), newest first."""
+    """Event ids refused in [since, until] (by their last refusal) that the inbox's keys still
+    do not have (a later copy accepted is not missing, nor is it once archived), newest first."""
     rows = await conn.fetch(
         "SELECT r.provider, r.event_id, r.status, r.outcome, r.first_at, r.last_at, r.refusals"
         " FROM refused_webhooks r WHERE r.last_at BETWEEN $1 AND $2 AND NOT EXISTS"
-        " (SELECT 1 FROM inbox i WHERE i.provider = r.provider AND i.event_id = r.event_id)"
+        " (SELECT 1 FROM inbox_keys k WHERE k.provider = r.provider AND k.event_id = r.event_id)"
         " ORDER BY r.last_at DESC, r.id DESC LIMIT $3",
         since,
         until,

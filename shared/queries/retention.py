@@ -6,12 +6,10 @@ from shared.db import Executor
 
 
 async def delete_old(conn: Executor, table: str, retention_s: float, limit: int) -> int:
-    """Delete up to `limit` rows past the retention; never an unpublished inbox/outbox row,
-    nor a parked event still waiting or released and not yet published."""
+    """Delete up to `limit` rows past the retention; never an unpublished outbox row, nor a
+    parked event still waiting or released and not yet published. (The inbox goes a day's
+    partition at a time, archived first: shared/ops/archive.py.)"""
     statements = {
-        "inbox": "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox i WHERE received_at <"
-        " now() - make_interval(secs => $1) AND NOT EXISTS"
-        " (SELECT 1 FROM inbox_unpublished u WHERE u.id = i.id) LIMIT $2)",
         "outbox": "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE created_at <"
         " now() - make_interval(secs => $1) AND published_at IS NOT NULL LIMIT $2)",
         "processed_events": "DELETE FROM processed_events WHERE (worker, event_id) IN (SELECT"

@@ -49,4 +49,6 @@ async def store_events(
         await processed_sql.mark_processed(db, "orders", event_id, outcome or "")
     if at is not None:
         await db.execute("UPDATE inbox SET received_at = $2 WHERE id = ANY($1)", rows, at)
+        # The key names its row's partition (migration 021).
+        await db.execute("UPDATE inbox_keys SET received_at = $2 WHERE id = ANY($1)", rows, at)
     return ids

@@ -91,7 +91,7 @@ async def test_send_posts_a_signed_event_that_ingest_stores_and_a_copy_is_a_dupl
     assert stored["created_at"].endswith("Z")
     assert again == 0
     assert again_out.splitlines()[-1] == '< {"status":"duplicate"}'
-    assert await db.fetchval("SELECT duplicates FROM inbox WHERE event_id = $1", event_id) == 1
+    assert await db.fetchval("SELECT duplicates FROM inbox_keys WHERE event_id = $1", event_id) == 1
 
 
 async def test_send_takes_every_field_from_flags(

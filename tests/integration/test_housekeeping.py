@@ -1,7 +1,9 @@
-"""Retention housekeeping: old rows go in small batches, never an unpublished one."""
+"""Retention housekeeping: old rows go in small batches, never an unpublished one (the
+inbox's days, archived first: tests/integration/test_archive.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from services.reconciler.jobs import housekeeping_once
@@ -10,13 +12,15 @@ from shared.db import create_pool
 
 
 async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
-    settings: Settings, db: Any
+    settings: Settings, db: Any, tmp_path: Path
 ) -> None:
     async def inbox(event_id: str, age_days: int, published: bool) -> None:
         await db.execute(
             "WITH i AS (INSERT INTO inbox (provider, event_id, event_type, body, headers,"
             " received_at) VALUES ('xhub', $1, 'payment.status_changed', '{}', '{}',"
-            " now() - make_interval(days => $2)) RETURNING id, received_at)"
+            " now() - make_interval(days => $2)) RETURNING id, received_at),"
+            " k AS (INSERT INTO inbox_keys (provider, event_id, id, received_at)"
+            " SELECT 'xhub', $1, id, received_at FROM i)"
             " INSERT INTO inbox_unpublished (id, received_at)"
             " SELECT id, received_at FROM i WHERE NOT $3",
             event_id,
@@ -25,8 +29,13 @@ async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
         )
 
     await inbox("old_published", 40, True)
-    await inbox("old_unpublished", 40, False)  # the sweeper still owes it a publish
+    await inbox("old_unpublished", 41, False)  # the sweeper still owes it a publish
     await inbox("recent", 10, True)
+    # A key whose row went long ago, past the retention and the retry horizon: deleted.
+    await db.execute(
+        "INSERT INTO inbox_keys (provider, event_id, id, received_at)"
+        " VALUES ('xhub', 'gone_long_ago', -1, now() - interval '70 days')"
+    )
     await db.execute(
         "INSERT INTO processed_events (worker, event_id, outcome, processed_at) VALUES"
         " ('orders', 'old', 'ok', now() - interval '40 days'),"
@@ -47,18 +56,24 @@ async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
     )
     pool = await create_pool(settings.database_url)
     try:
-        deleted = await housekeeping_once(pool, retention_days=35)
+        deleted = await housekeeping_once(pool, retention_days=35, archive_dir=tmp_path)
     finally:
         await pool.close()
 
     assert deleted == {
-        "inbox": 1,
+        "inbox": 1,  # archived with its day's partition; the older day waits for its publish
+        "inbox_keys": 1,
         "outbox": 1,
         "processed_events": 1,
         "parked_events": 2,
         "refused_webhooks": 0,
     }
     assert sorted(r["event_id"] for r in await db.fetch("SELECT event_id FROM inbox")) == [
+        "old_unpublished",
+        "recent",
+    ]
+    assert sorted(r["event_id"] for r in await db.fetch("SELECT event_id FROM inbox_keys")) == [
+        "old_published",  # kept beyond its row: the provider may still retry it
         "old_unpublished",
         "recent",
     ]

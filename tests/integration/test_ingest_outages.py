@@ -231,8 +231,7 @@ async def test_database_outage_answers_503_publishes_nothing_and_the_retry_is_st
     # copy that was never confirmed is published by the retry ("published now").
     ids = await _message_ids(amqp, topology)
     rows = [
-        {k: r[k] for k in ("received_at", "duplicates")}
-        | {"published": await _published(db, event_id)}
+        {k: r[k] for k in ("received_at", "id")} | {"published": await _published(db, event_id)}
         for r in await _rows(db, event_id)
     ]
     assert ids == [event_id], f"retry answered {await retry.json()}; queue: {ids}; row: {rows}"

@@ -9,8 +9,10 @@ from aiohttp import web
 
 from services.api.console.guard import error
 from services.api.console.sessions import PREFIX, SIGNED_IN, see_other
+from services.api.erasure_routes import ARCHIVE_DIR
 from shared.db import DB_POOL
-from shared.ops import erasure
+from shared.ops import archive, erasure
+from shared.ops.archive_files import ArchiveCorruptError
 from shared.ops.operator_actions import Edge, Operator, erase_recorded
 from shared.ops.order_input import text_problem
 from shared.queries import orders as orders_sql
@@ -31,7 +33,14 @@ async def erase_page(request: web.Request) -> web.Response:
         return error(request, 404, f"No order is registered for payment {payment_id}.")
     selector = erasure.Selector(erasure.By.ORDER, order[payment_id]["order_id"])
     try:
-        await erase_recorded(pool, selector, Operator(request[SIGNED_IN].name, Edge.CONSOLE))
+        await erase_recorded(
+            pool,
+            selector,
+            Operator(request[SIGNED_IN].name, Edge.CONSOLE),
+            request.config_dict[ARCHIVE_DIR],
+        )
     except erasure.PersonNotFoundError as e:  # the order went away since
         return error(request, 404, str(e))
+    except (ArchiveCorruptError, archive.ArchivesUnreachableError) as e:
+        return error(request, 503, f"Nothing was erased: {e}")
     return see_other(f"{PREFIX}/payments/{quote(payment_id, safe='')}#order")

@@ -27,9 +27,11 @@ ERASURE_PATHS: dict[str, Any] = {
                 " `order_id` (that order's address). Each address becomes"
                 f" `{erasure.MARKER}` in every order registered with it so far, in the sent-email"
                 " records and inside the stored raw bodies and headers of the inbox, the parked"
-                " events and the outbox; amounts, states, transitions, the ledger and the audit"
-                " trail are kept. One transaction under the payments' locks; recorded in the"
-                " audit trail (`person.erase`, without the address), a request that finds"
+                " events, the outbox and the inbox's archives (`archives_unavailable`, nothing"
+                " erased: an archive is corrupt or ARCHIVE_DIR is not set here); amounts,"
+                " states, transitions, the ledger and the audit trail are kept. One"
+                " transaction under the payments' locks; recorded in the audit trail"
+                " (`person.erase`, without the address), a request that finds"
                 " nothing left too. Idempotent: a second run changes no row (`erased` false)."
                 " An address held nowhere is such an answer, not a 404."
             ),
@@ -49,6 +51,7 @@ ERASURE_PATHS: dict[str, Any] = {
                     "404": problem("no order with that user id or order id", "not_found"),
                     **BODY_ERRORS,
                 },
+                unavailable=("unavailable", "archives_unavailable"),
             ),
         }
     },
