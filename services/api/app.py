@@ -33,7 +33,7 @@ from shared.config import Settings
 from shared.db import DB_POOL, pool_ctx
 from shared.metrics import QueueMetrics, new_registry
 from shared.ops.order_input import text_problem
-from shared.process.service import Service
+from shared.process.service import Service, always
 from shared.process.tasks import background
 from shared.process.web import base_app
 
@@ -134,4 +134,4 @@ def create_app(
     return app
 
 
-SERVICE = Service("api", create_app, lambda s: s.api_port, ("ADMIN_TOKEN|ADMIN_TOKENS",))
+SERVICE = Service("api", create_app, lambda s: s.api_port, always("ADMIN_TOKEN|ADMIN_TOKENS"))

@@ -48,7 +48,7 @@ def left_out(env: Mapping[str, str]) -> dict[str, list[str]]:
     """Services that would only fail on their configuration, with the variables they lack
     (the reconciler without the provider's API, in local development)."""
     missing = {
-        name: [v for v in service.required_env if not is_set(env, v)]
+        name: [v for v in service.required_env(env) if not is_set(env, v)]
         for name, service in SERVICES.items()
     }
     return {name: lacking for name, lacking in missing.items() if lacking}

@@ -21,7 +21,7 @@ from shared.db import DB_POOL, pool_ctx
 from shared.metrics import IngestMetrics
 from shared.process.file_limit import open_files_allowed
 from shared.process.http_limits import HTTP_LIMITS
-from shared.process.service import Service
+from shared.process.service import Service, always
 from shared.process.tasks import background
 from shared.process.web import base_app
 from shared.providers.registry import configured
@@ -136,7 +136,7 @@ SERVICE = Service(
     "ingest",
     create_app,
     lambda s: s.ingest_port,
-    ("XHUB_WEBHOOK_SECRETS",),
+    always("XHUB_WEBHOOK_SECRETS"),
     _tls,
     processes=lambda s: s.ingest_processes,
 )

@@ -67,28 +67,38 @@ def synthetic_event(payment: ProviderPayment, checked_at: datetime) -> tuple[str
     return event_id, body
 
 
+def claim_rate(clients: Mapping[str, ProviderClient]) -> float:
+    """The questions a second a claim is sized for: X-Hub's budget where its API is set (the
+    provider most orders come from), else the slowest configured API's; 0 with none."""
+    if PROVIDER in clients:
+        return clients[PROVIDER].policy.rate_per_s
+    return min((c.policy.rate_per_s for c in clients.values()), default=0.0)
+
+
 async def reconcile_once(
     pool: asyncpg.Pool[Any],
     broker: Broker,
-    client: ProviderClient,
+    clients: Mapping[str, ProviderClient],
     metrics: ReconcilerMetrics,
     timing: Timing,
     size: int | None = None,
-    others: Mapping[str, ProviderClient] | None = None,
 ) -> int:
-    """Check one claim of due orders (`size`, by default a second of the provider's rate
-    limit); return how many the provider was asked about (a full claim means more may be
-    waiting; fewer, that none are or the provider is failing). An order whose question did
-    not end (a repair not published, a crash) is due again when its lease runs out.
-    `others`: the clients of other providers' payment APIs (Stripe's), by provider name."""
-    size = size or schedule.claim_size(client.policy.rate_per_s)
+    """Check one claim of due orders (`size`, by default a second of claim_rate); return how
+    many the providers were asked about (a full claim means more may be waiting; fewer, that
+    none are or a provider is failing). An order whose question did not end (a repair not
+    published, a crash) is due again when its lease runs out. `clients`: the payment APIs
+    configured, by provider name (X-Hub's under XHUB_API_URL, Stripe's under STRIPE_API_KEY);
+    with none, nothing is claimed."""
+    if not clients:
+        return 0
+    size = size or schedule.claim_size(claim_rate(clients))
     rows = await schedule.claim(pool, size, timing)
     answered: list[asyncpg.Record] = []
     try:
         for index, row in enumerate(rows):
             metrics.asked.labels(**{"class": CLASS_NAMES[row["check_class"]]}).inc()
             try:
-                if await _ask_about(row, pool, broker, client, metrics, others or {}):
+                if await _ask_about(row, pool, broker, clients, metrics):
                     answered.append(row)
             except _ProviderFailingError:
                 # Asking about the next order would only hammer it: the pass ends, and the
@@ -109,19 +119,18 @@ async def _ask_about(
     row: asyncpg.Record,
     pool: asyncpg.Pool[Any],
     broker: Broker,
-    xhub: ProviderClient,
+    clients: Mapping[str, ProviderClient],
     metrics: ReconcilerMetrics,
-    others: Mapping[str, ProviderClient],
 ) -> bool:
     """Ask the provider about one claimed order and act on the answer; False if the question
     did not end (the repair it called for was not published)."""
     payment_id = row["payment_id"]
     providers = await inbox_sql.providers_of_payment(pool, payment_id)
-    asked = _whom_to_ask(providers, xhub, others)
+    asked = _whom_to_ask(providers, clients)
     if asked is None:
         # Its webhooks come from a provider with no API to ask (Standard Webhooks, or Stripe
-        # without STRIPE_API_KEY): asking X-Hub would only earn a 404. Repaired by its
-        # sender's redeliveries; rescheduled.
+        # without STRIPE_API_KEY, or X-Hub without XHUB_API_URL): asking another would only
+        # earn a 404. Repaired by its sender's redeliveries; rescheduled.
         metrics.checked.labels(result="no_provider_api").inc()
         log.info("reconcile.no_provider_api", payment_id=payment_id, providers=providers)
         return True
@@ -209,16 +218,17 @@ async def _ask_about(
 
 
 def _whom_to_ask(
-    providers: list[str], xhub: ProviderClient, others: Mapping[str, ProviderClient]
+    providers: list[str], clients: Mapping[str, ProviderClient]
 ) -> tuple[str, ProviderClient] | None:
     """The provider (and its client) whose API answers about a payment the webhooks of
-    `providers` named: one with its own client first, else X-Hub if one of them is X-Hub's
-    (or none named it yet: asked at X-Hub, as before providers had names); None if none
-    of them can be asked."""
+    `providers` named: one with a client of its own first, else X-Hub's if one of them asks
+    X-Hub (or none named it yet: asked at X-Hub, as before providers had names); None if
+    none of them can be asked."""
     for provider in providers:
-        if provider in others:
-            return provider, others[provider]
-    if not providers or any(asks_xhub(p) for p in providers):
+        if provider != PROVIDER and provider in clients:
+            return provider, clients[provider]
+    xhub = clients.get(PROVIDER)
+    if xhub is not None and (not providers or any(asks_xhub(p) for p in providers)):
         return PROVIDER, xhub
     return None
 
@@ -275,23 +285,23 @@ class Reconciler:
         self,
         pool: asyncpg.Pool[Any],
         broker: Broker,
-        client: ProviderClient,
+        clients: Mapping[str, ProviderClient],
         metrics: ReconcilerMetrics,
         settings: Settings,
-        others: Mapping[str, ProviderClient] | None = None,
     ) -> None:
-        self._pool, self._broker, self._client, self._metrics = pool, broker, client, metrics
-        self._others = dict(others or {})
+        self._pool, self._broker, self._metrics = pool, broker, metrics
+        self._clients = dict(clients)
         self._timing = Timing(
             after_s=settings.reconcile_after_s,
             interval_s=settings.reconcile_interval_s,
             horizon_s=settings.reconcile_horizon_s,
         )
-        self._size = schedule.claim_size(client.policy.rate_per_s)
+        rate = claim_rate(clients)
+        self._size = schedule.claim_size(rate) if clients else 0
         self._retention_days = settings.retention_days
         self._archive_dir = settings.archive_dir
         self._swept = float("-inf")
-        metrics.budget.set(client.policy.rate_per_s)
+        metrics.budget.set(rate)
         metrics.interval.set(self._timing.interval_s)
 
     async def run_pass(self) -> None:
@@ -305,15 +315,9 @@ class Reconciler:
                 await self.observe_backlog()
                 await housekeeping_once(self._pool, self._retention_days, self._archive_dir)
             asked = await reconcile_once(
-                self._pool,
-                self._broker,
-                self._client,
-                self._metrics,
-                self._timing,
-                self._size,
-                self._others,
+                self._pool, self._broker, self._clients, self._metrics, self._timing, self._size
             )
-            if asked < self._size:
+            if asked < self._size or not self._clients:
                 return
 
     async def observe_backlog(self) -> None:

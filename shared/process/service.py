@@ -9,7 +9,7 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -94,6 +94,11 @@ def run(app: web.Application, port: int, *, ssl_context: ssl.SSLContext | None =
     )
 
 
+def always(*names: str) -> Callable[[Mapping[str, str]], tuple[str, ...]]:
+    """A service's required variables whatever the environment (Service.required_env)."""
+    return lambda env: names
+
+
 @dataclass(frozen=True, slots=True)
 class Service:
     """What running one service takes: its app, its port, the variables it cannot do without."""
@@ -101,7 +106,9 @@ class Service:
     name: str
     create_app: Callable[[Settings], web.Application]
     port: Callable[[Settings], int]
-    required_env: tuple[str, ...] = ()
+    # The variables it cannot start without, given the environment (the reconciler's depend on
+    # which providers' webhooks it accepts).
+    required_env: Callable[[Mapping[str, str]], tuple[str, ...]] = lambda env: ()
     tls: Callable[[Settings], ssl.SSLContext | None] = lambda settings: None
     # How many copies to run on the one port (INGEST_PROCESSES for ingest).
     processes: Callable[[Settings], int] = lambda settings: 1
@@ -110,7 +117,7 @@ class Service:
 def serve(service: Service) -> None:
     """Settings from the environment (a clear message and exit 2 when wrong), then run."""
     try:
-        settings = Settings.from_env(required=service.required_env)
+        settings = Settings.from_env(required=service.required_env(os.environ))
     except ConfigError as e:
         sys.stderr.write(f"payhooks: {e}\n")
         raise SystemExit(EXIT_USAGE) from None

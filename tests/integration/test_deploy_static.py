@@ -142,7 +142,7 @@ def parses_as_cli(argv: list[str]) -> bool:
 def settings_from(env: dict[str, str], service: str | None = None) -> Settings:
     required: tuple[str, ...] = ()
     if service is not None:
-        required = SERVICES[service].required_env
+        required = SERVICES[service].required_env(env)
     return Settings.from_env(env, required=required)
 
 

@@ -14,10 +14,11 @@ from prometheus_client import CollectorRegistry
 
 from services.reconciler import schedule
 from services.reconciler.app import create_app as reconciler_service
-from services.reconciler.jobs import reconcile_once
+from services.reconciler.app import payment_clients
+from services.reconciler.jobs import Reconciler, reconcile_once
 from shared.amqp.broker import Broker
 from shared.amqp.topology import Topology
-from shared.config import Settings
+from shared.config import ConfigError, Settings
 from shared.db import create_pool
 from shared.metrics import ProviderMetrics, ReconcilerMetrics
 from shared.process.web import REGISTRY
@@ -58,7 +59,7 @@ async def reconciler(settings: Settings, topology: Topology, provider: Any) -> A
     metrics = ReconcilerMetrics.create(registry)
 
     async def run() -> int:
-        return await reconcile_once(pool, broker, client, metrics, TIMING)
+        return await reconcile_once(pool, broker, {"xhub": client}, metrics, TIMING)
 
     run.registry = registry  # type: ignore[attr-defined]
     yield run
@@ -569,7 +570,7 @@ async def test_a_repair_the_broker_did_not_take_is_asked_again_when_its_lease_ru
     await client.start()
     try:
         metrics = ReconcilerMetrics.create(registry)
-        assert await reconcile_once(db, broker, client, metrics, TIMING) == 2
+        assert await reconcile_once(db, broker, {"xhub": client}, metrics, TIMING) == 2
     finally:
         await client.close()
         await broker.close()
@@ -648,3 +649,47 @@ async def test_a_payment_known_only_from_a_provider_without_an_api_is_not_asked_
     )
     assert quiet["status"] == "PENDING"
     assert quiet["next_check_at"] is not None  # asked again later, at growing intervals
+
+
+def test_xhub_s_api_is_required_only_where_xhub_s_webhooks_are_accepted(
+    make_settings: Any,
+) -> None:
+    """X-Hub's lost webhooks are repaired only by asking it: its secrets without its API stop
+    the reconciler at start; a deployment without X-Hub runs it with the APIs it has."""
+    metrics = ProviderMetrics.create(CollectorRegistry())
+    with pytest.raises(ConfigError, match="XHUB_API_URL is required"):
+        payment_clients(make_settings(), metrics)  # the tests' XHUB_WEBHOOK_SECRETS, no API
+    without_xhub = make_settings(XHUB_WEBHOOK_SECRETS="")
+    assert payment_clients(without_xhub, metrics) == {}
+    stripe_only = make_settings(XHUB_WEBHOOK_SECRETS="", STRIPE_API_KEY="sk_test_key")
+    assert list(payment_clients(stripe_only, metrics)) == ["stripe"]
+
+
+async def test_a_reconciler_without_a_payment_api_asks_nothing_and_keeps_the_housekeeping(
+    db: Any, settings: Settings, topology: Topology
+) -> None:
+    await register(db, "pay_nobody_to_ask")
+    await make_stale(db, "pay_nobody_to_ask")
+    # The partition of three days ahead gone: the housekeeping makes it again.
+    ahead = await db.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date + 3")
+    await db.execute("SELECT payhooks_drop_inbox_partition($1)", ahead)
+    part = f"inbox_p{ahead:%Y%m%d}"
+    assert await db.fetchval("SELECT to_regclass($1)", part) is None
+    pool = await create_pool(settings.database_url)
+    broker = Broker(settings.amqp_url, topology)
+    await broker.start()
+    try:
+        await broker.wait_connected(10)
+        registry = CollectorRegistry()
+        reconciler = Reconciler(pool, broker, {}, ReconcilerMetrics.create(registry), settings)
+        await asyncio.wait_for(reconciler.run_pass(), 10)
+    finally:
+        await broker.close()
+        await pool.close()
+
+    assert await db.fetchval("SELECT to_regclass($1)::text", part) == part
+    assert registry.get_sample_value("payhooks_reconcile_budget_calls_per_second") == 0
+    row = await db.fetchrow(
+        "SELECT status, next_check_at FROM orders WHERE payment_id = 'pay_nobody_to_ask'"
+    )
+    assert (row["status"], row["next_check_at"]) == ("PENDING", None)  # never claimed

@@ -99,4 +99,9 @@ def test_secrets_given_as_files_are_neither_generated_nor_missing() -> None:
     assert child == files  # a generated XHUB_WEBHOOK_SECRETS beside its _FILE would be refused
     assert announced == []
     assert left_out(files) == {}  # the reconciler has its key
-    assert "reconciler" in left_out({})
+    # X-Hub's webhooks without its API: the reconciler would only fail on its configuration.
+    assert left_out({"XHUB_WEBHOOK_SECRETS": "s", "ADMIN_TOKEN": "t"}) == {
+        "reconciler": ["XHUB_API_URL", "XHUB_API_KEY"]
+    }
+    # No X-Hub at all (Stripe's API alone): it starts, asks Stripe and keeps the retention.
+    assert "reconciler" not in left_out({"STRIPE_API_KEY": "sk", "ADMIN_TOKEN": "t"})

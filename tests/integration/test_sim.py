@@ -185,7 +185,7 @@ async def _run(
         metrics = ReconcilerMetrics.create(registry)
         checked = 0
         while True:
-            batch = await reconcile_once(pool, broker, client, metrics, TIMING, 100)
+            batch = await reconcile_once(pool, broker, {"xhub": client}, metrics, TIMING, 100)
             checked += batch
             if batch < 100:
                 break

@@ -101,7 +101,7 @@ def run_with(settings: Settings, topology: Topology, xhub_url: str, stripe_url: 
         metrics = ReconcilerMetrics.create(registry)
 
         async def run() -> int:
-            return await reconcile_once(pool, broker, xhub, metrics, TIMING, others=others)
+            return await reconcile_once(pool, broker, {"xhub": xhub, **others}, metrics, TIMING)
 
         async def close() -> None:
             for client in (xhub, *others.values()):
