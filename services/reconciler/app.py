@@ -94,7 +94,7 @@ def create_app(settings: Settings) -> web.Application:
 
 def required_env(env: Mapping[str, str]) -> tuple[str, ...]:
     """X-Hub's API where X-Hub is configured at all (payment_clients)."""
-    if any(is_set(env, name) for name in ("XHUB_WEBHOOK_SECRETS", *_XHUB_API)):
+    if any(is_set(env, name) for name in (BY_NAME[PROVIDER].secrets_variable, *_XHUB_API)):
         return _XHUB_API
     return ()
 
