@@ -526,6 +526,8 @@ class ReconcilerMetrics:
     overdue: Gauge
     budget: Gauge
     interval: Gauge
+    inbox_oldest_day_age: Gauge
+    inbox_retention: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
@@ -578,6 +580,20 @@ class ReconcilerMetrics:
             interval=Gauge(
                 "payhooks_reconcile_interval_seconds",
                 "RECONCILE_INTERVAL: a due order of undecided money is asked within two.",
+                registry=registry,
+            ),
+            # The two an alert compares (deploy/prometheus/alerts.yml), so that it names no
+            # number of days: a day is archived once wholly past the retention, so a held
+            # day much older than RETENTION_DAYS + 1 is one the housekeeping could not expire.
+            inbox_oldest_day_age=Gauge(
+                "payhooks_inbox_oldest_day_age_seconds",
+                "Age of the oldest UTC day the inbox still holds (its partition's, or a row's"
+                " in the default partition), at the last housekeeping pass.",
+                registry=registry,
+            ),
+            inbox_retention=Gauge(
+                "payhooks_inbox_retention_seconds",
+                "RETENTION_DAYS: inbox days wholly older than this are archived and dropped.",
                 registry=registry,
             ),
         )

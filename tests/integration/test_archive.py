@@ -15,6 +15,7 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from services.ingest.app import create_app
@@ -23,11 +24,13 @@ from shared.amqp.broker import BROKER
 from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.db import create_pool
+from shared.metrics import ReconcilerMetrics
 from shared.migrate import load_migrations
-from shared.ops.archive import UNRECORDED_KEPT_S, ArchivesUnreachableError
+from shared.ops.archive import UNRECORDED_KEPT_S, ArchivesUnreachableError, day_range
 from shared.ops.archive_files import event_of, lines
 from shared.ops.erasure import MARKER, parse_selector
 from shared.ops.operator_actions import Edge, Operator, erase_recorded
+from shared.queries import partitions as partitions_sql
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, payment_event
 from tests.integration.inbox_events import store_events
@@ -39,10 +42,15 @@ AGE = dt.timedelta(days=40)  # past the 35 days of retention
 RAW_BODY = b'{"event":"payment.status_changed","payment_id":"pay_arch","note":"\xff\xfe"}\r\n  '
 
 
-async def housekeeping(settings: Settings, archive_dir: Path | None) -> dict[str, int]:
+async def housekeeping(
+    settings: Settings, archive_dir: Path | None, metrics: ReconcilerMetrics | None = None
+) -> dict[str, int]:
     pool = await create_pool(settings.database_url)
+    metrics = metrics or ReconcilerMetrics.create(CollectorRegistry())
     try:
-        return await housekeeping_once(pool, retention_days=35, archive_dir=archive_dir)
+        return await housekeeping_once(
+            pool, retention_days=35, archive_dir=archive_dir, metrics=metrics
+        )
     finally:
         await pool.close()
 
@@ -361,3 +369,36 @@ async def test_a_drop_waiting_behind_a_reader_gives_up_and_the_next_pass_archive
     assert second["inbox"] == 1
     recorded = await db.fetchval("SELECT file_name FROM inbox_archives")
     assert await asyncio.to_thread(os.listdir, tmp_path) == [recorded]
+
+
+async def test_the_oldest_day_held_is_measured_until_its_archive_and_drop(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    """What PayhooksInboxRetentionBehind alerts on: without ARCHIVE_DIR a day past the
+    retention stays, and its age with it; archived, the age falls back within a day of it."""
+    await housekeeping(settings, tmp_path)  # earlier tests' empty days past the retention
+    [old] = await store_events(db)
+    await received_long_ago(db, [old])
+    day = (dt.datetime.now(dt.UTC) - AGE).date()
+    # Before a pass, the row waits in the default partition: its day is held all the same.
+    assert await partitions_sql.oldest_day(db) == day
+    registry = CollectorRegistry()
+    metrics = ReconcilerMetrics.create(registry)
+
+    def gauge(name: str) -> float:
+        value = registry.get_sample_value(name)
+        assert value is not None, name
+        return value
+
+    with capture_logs() as logs:
+        await housekeeping(settings, None, metrics)
+    held_s = gauge("payhooks_inbox_oldest_day_age_seconds")
+    expected_s = (dt.datetime.now(dt.UTC) - day_range(day)[0]).total_seconds()
+    assert any(e["event"] == "inbox.expiry_refused" for e in logs)
+    assert gauge("payhooks_inbox_retention_seconds") == 35 * 86_400
+    assert expected_s - 60 < held_s <= expected_s
+
+    await housekeeping(settings, tmp_path, metrics)
+
+    assert await db.fetchval("SELECT count(*) FROM inbox_archives") >= 1
+    assert 0 < gauge("payhooks_inbox_oldest_day_age_seconds") < 36 * 86_400
