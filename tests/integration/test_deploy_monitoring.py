@@ -115,6 +115,9 @@ CONTRACT: dict[str, dict[str, Metric]] = {
         "payhooks_reconcile_overdue_seconds": Metric("gauge", ("class",)),
         "payhooks_reconcile_due_orders": Metric("gauge", ("class",)),
         "payhooks_reconcile_interval_seconds": Metric("gauge"),
+        # The inbox's retention kept (services/reconciler/jobs.py housekeeping_once).
+        "payhooks_inbox_oldest_day_age_seconds": Metric("gauge"),
+        "payhooks_inbox_retention_seconds": Metric("gauge"),
         "payhooks_provider_requests_total": Metric("counter", ("outcome",)),
     },
 }
