@@ -517,6 +517,11 @@ RECONCILE_RESULTS = (
 )
 
 
+# What a housekeeping pass did with an inbox day past the retention (shared/ops/archive.py);
+# `failed` counts the passes whose expiry stopped at an error, whichever day it was on.
+INBOX_EXPIRY_OUTCOMES = ("archived", "refused", "failed", "postponed")
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcilerMetrics:
     repairs: Counter
@@ -528,6 +533,7 @@ class ReconcilerMetrics:
     interval: Gauge
     inbox_oldest_day_age: Gauge
     inbox_retention: Gauge
+    inbox_expiry: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
@@ -595,6 +601,16 @@ class ReconcilerMetrics:
                 "payhooks_inbox_retention_seconds",
                 "RETENTION_DAYS: inbox days wholly older than this are archived and dropped.",
                 registry=registry,
+            ),
+            inbox_expiry=_counter(
+                "payhooks_inbox_expiry",
+                "Inbox days past the retention met by a housekeeping pass, by outcome: archived"
+                " (and dropped), refused (no ARCHIVE_DIR), postponed (unpublished rows, a lock"
+                " timeout), each day kept counted again at every pass; failed: passes whose"
+                " expiry stopped at an error (the archive volume).",
+                registry,
+                "outcome",
+                INBOX_EXPIRY_OUTCOMES,
             ),
         )
 

@@ -249,13 +249,17 @@ async def housekeeping_once(
     deleted = {"inbox": 0}
     try:
         await partitions_sql.ensure_ahead(pool)
-        archived = await archive.expire(pool, retention_days, archive_dir)
+        expiry = await archive.expire(pool, retention_days, archive_dir)
+        metrics.inbox_expiry.labels(outcome="archived").inc(len(expiry.archived))
+        metrics.inbox_expiry.labels(outcome="refused").inc(expiry.refused)
+        metrics.inbox_expiry.labels(outcome="postponed").inc(expiry.postponed)
         if archive_dir is not None:
             await archive.remove_unrecorded(pool, archive_dir)
-        deleted["inbox"] = sum(a.rows for a in archived)
+        deleted["inbox"] = sum(a.rows for a in expiry.archived)
     except (OSError, ArchiveCorruptError, asyncpg.PostgresError):
         # A full disk or a lost volume must not stop the reconciler's passes (they would
         # fail at this step every interval): the inbox's days wait, the rest goes on.
+        metrics.inbox_expiry.labels(outcome="failed").inc()
         log.exception("inbox.expiry_failed", archive_dir=str(archive_dir))
     await observe_inbox_age(pool, retention_days, metrics)
     started = time.monotonic()
