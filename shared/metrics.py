@@ -517,6 +517,11 @@ RECONCILE_RESULTS = (
 )
 
 
+# What a housekeeping pass did with an inbox day past the retention (shared/ops/archive.py);
+# `failed` counts the passes whose expiry stopped at an error, whichever day it was on.
+INBOX_EXPIRY_OUTCOMES = ("archived", "refused", "failed", "postponed")
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcilerMetrics:
     repairs: Counter
@@ -526,6 +531,9 @@ class ReconcilerMetrics:
     overdue: Gauge
     budget: Gauge
     interval: Gauge
+    inbox_oldest_day_age: Gauge
+    inbox_retention: Gauge
+    inbox_expiry: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ReconcilerMetrics:
@@ -579,6 +587,30 @@ class ReconcilerMetrics:
                 "payhooks_reconcile_interval_seconds",
                 "RECONCILE_INTERVAL: a due order of undecided money is asked within two.",
                 registry=registry,
+            ),
+            # The two an alert compares (deploy/prometheus/alerts.yml), so that it names no
+            # number of days: a day is archived once wholly past the retention, so a held
+            # day much older than RETENTION_DAYS + 1 is one the housekeeping could not expire.
+            inbox_oldest_day_age=Gauge(
+                "payhooks_inbox_oldest_day_age_seconds",
+                "Age of the oldest UTC day the inbox still holds (its partition's, or a row's"
+                " in the default partition), at the last housekeeping pass.",
+                registry=registry,
+            ),
+            inbox_retention=Gauge(
+                "payhooks_inbox_retention_seconds",
+                "RETENTION_DAYS: inbox days wholly older than this are archived and dropped.",
+                registry=registry,
+            ),
+            inbox_expiry=_counter(
+                "payhooks_inbox_expiry",
+                "Inbox days past the retention met by a housekeeping pass, by outcome: archived"
+                " (and dropped), refused (no ARCHIVE_DIR), postponed (unpublished rows, a lock"
+                " timeout), each day kept counted again at every pass; failed: passes whose"
+                " expiry stopped at an error (the archive volume).",
+                registry,
+                "outcome",
+                INBOX_EXPIRY_OUTCOMES,
             ),
         )
 

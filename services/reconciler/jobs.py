@@ -234,23 +234,34 @@ def _whom_to_ask(
 
 
 async def housekeeping_once(
-    pool: asyncpg.Pool[Any], retention_days: int, archive_dir: Path | None = None
+    pool: asyncpg.Pool[Any],
+    retention_days: int,
+    archive_dir: Path | None = None,
+    *,
+    metrics: ReconcilerMetrics,
 ) -> dict[str, int]:
     """The inbox's partitions made days ahead, its days past the retention archived and
     dropped (shared/ops/archive.py), then rows past the retention deleted in small batches
-    (short locks, no long transaction); the rows gone per table."""
+    (short locks, no long transaction); the rows gone per table. The age of the oldest day
+    the inbox still holds goes to a gauge beside the retention: an expiry refused, failing or
+    postponed is only logged, and the gauge is what an alert sees grow."""
     retention_s = retention_days * 86_400.0
     deleted = {"inbox": 0}
     try:
         await partitions_sql.ensure_ahead(pool)
-        archived = await archive.expire(pool, retention_days, archive_dir)
+        expiry = await archive.expire(pool, retention_days, archive_dir)
+        metrics.inbox_expiry.labels(outcome="archived").inc(len(expiry.archived))
+        metrics.inbox_expiry.labels(outcome="refused").inc(expiry.refused)
+        metrics.inbox_expiry.labels(outcome="postponed").inc(expiry.postponed)
         if archive_dir is not None:
             await archive.remove_unrecorded(pool, archive_dir)
-        deleted["inbox"] = sum(a.rows for a in archived)
+        deleted["inbox"] = sum(a.rows for a in expiry.archived)
     except (OSError, ArchiveCorruptError, asyncpg.PostgresError):
         # A full disk or a lost volume must not stop the reconciler's passes (they would
         # fail at this step every interval): the inbox's days wait, the rest goes on.
+        metrics.inbox_expiry.labels(outcome="failed").inc()
         log.exception("inbox.expiry_failed", archive_dir=str(archive_dir))
+    await observe_inbox_age(pool, retention_days, metrics)
     started = time.monotonic()
     for table in ("inbox_keys", "outbox", "processed_events", "parked_events", "refused_webhooks"):
         total = 0
@@ -275,6 +286,21 @@ async def housekeeping_once(
             at=datetime.now(UTC).isoformat(),
         )
     return deleted
+
+
+async def observe_inbox_age(
+    pool: asyncpg.Pool[Any], retention_days: int, metrics: ReconcilerMetrics
+) -> None:
+    """Set the inbox's oldest-day age (0 while it holds no day) and the retention it is held
+    to. Right after a pass that expired what it could, the age stays below the retention plus
+    a day (a day goes once wholly past it); beyond, a day is held that should be gone."""
+    oldest = await partitions_sql.oldest_day(pool)
+    age_s = 0.0
+    if oldest is not None:
+        start = datetime.combine(oldest, datetime.min.time(), tzinfo=UTC)
+        age_s = max(0.0, (datetime.now(UTC) - start).total_seconds())
+    metrics.inbox_oldest_day_age.set(age_s)
+    metrics.inbox_retention.set(retention_days * 86_400.0)
 
 
 class Reconciler:
@@ -313,7 +339,9 @@ class Reconciler:
             if time.monotonic() - self._swept >= self._timing.interval_s:
                 self._swept = time.monotonic()
                 await self.observe_backlog()
-                await housekeeping_once(self._pool, self._retention_days, self._archive_dir)
+                await housekeeping_once(
+                    self._pool, self._retention_days, self._archive_dir, metrics=self._metrics
+                )
             asked = await reconcile_once(
                 self._pool, self._broker, self._clients, self._metrics, self._timing, self._size
             )

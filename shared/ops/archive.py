@@ -38,36 +38,58 @@ def stem(day: dt.date) -> str:
     return f"inbox-{day:%Y%m%d}"
 
 
-async def expire(
-    pool: asyncpg.Pool[Any], retention_days: int, archive_dir: Path | None
-) -> list[Written]:
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """What one pass did with the days past the retention (counted by outcome: a day kept
+    is met again by the next pass)."""
+
+    archived: list[Written]
+    refused: int = 0  # days kept for want of ARCHIVE_DIR
+    postponed: int = 0  # days kept for the next pass: unpublished rows, a lock timeout
+
+
+class DayPostponedError(Exception):
+    """The day holds rows the sweeper still owes a publish: it is kept for a later pass."""
+
+    def __init__(self, unpublished: int) -> None:
+        super().__init__(f"{unpublished} row(s) not yet published")
+        self.unpublished = unpublished
+
+
+async def expire(pool: asyncpg.Pool[Any], retention_days: int, archive_dir: Path | None) -> Expiry:
     """Archive, then drop, every partition whose whole day is older than the retention; the
-    archives written. A day with rows the sweeper still owes a publish is kept (and logged).
-    Without an archive directory nothing is dropped: logged as a warning each time."""
+    archives written and the days kept. A day with rows the sweeper still owes a publish is
+    kept (and logged). Without an archive directory nothing is dropped: logged as a warning
+    each time."""
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=retention_days)
     async with pool.acquire() as conn:
         due = [d for d in await partitions_sql.days(conn) if day_range(d)[1] <= cutoff]
     if not due:
-        return []
+        return Expiry([])
     if archive_dir is None:
         log.warning(
             "inbox.expiry_refused",
             reason="ARCHIVE_DIR is not set: partitions past the retention are kept",
             days=[d.isoformat() for d in due],
         )
-        return []
-    written = []
+        return Expiry([], refused=len(due))
+    written, postponed = [], 0
     for day in due:
         try:
             async with pool.acquire() as conn:
                 archive = await archive_day(conn, day, archive_dir)
+        except DayPostponedError as e:
+            log.warning("inbox.expiry_postponed", day=day.isoformat(), unpublished=e.unpublished)
+            postponed += 1
+            continue
         except asyncpg.LockNotAvailableError:
             # The drop waited lock_timeout behind ingest's transactions: the next pass.
             log.info("inbox.expiry_postponed", day=day.isoformat(), reason="lock_timeout")
+            postponed += 1
             continue
         if archive is not None:
             written.append(archive)
-    return written
+    return Expiry(written, postponed=postponed)
 
 
 # Files in ARCHIVE_DIR no record names (a temporary file of a write that failed, a file an
@@ -108,8 +130,9 @@ async def archive_day(
     archive_dir: Path,
 ) -> Written | None:
     """One day: its rows to a new archive file (verified), the file recorded and the
-    partition dropped in one transaction; None (nothing changed) if the sweeper still owes a
-    row of it a publish. A failure leaves the partition and at most an unrecorded file."""
+    partition dropped in one transaction; None if another reconciler archived it meanwhile.
+    DayPostponedError (nothing changed) if the sweeper still owes a row of it a publish. A
+    failure leaves the partition and at most an unrecorded file."""
     start, end = day_range(day)
     async with conn.transaction():
         # An erasure rewriting archives waits, and one in progress finishes first: it then
@@ -120,8 +143,7 @@ async def archive_day(
             return None
         unpublished = await partitions_sql.unpublished_between(conn, start, end)
         if unpublished:
-            log.warning("inbox.expiry_postponed", day=day.isoformat(), unpublished=unpublished)
-            return None
+            raise DayPostponedError(unpublished)
         writer = await asyncio.to_thread(ArchiveWriter, archive_dir, stem(day))
         try:
             async for rows in archives_sql.day_rows(conn, start, end, _CHUNK):

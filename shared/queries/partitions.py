@@ -38,6 +38,17 @@ async def days(conn: Executor) -> list[dt.date]:
     return sorted(dt.date.fromisoformat(r["relname"].removeprefix("inbox_p")) for r in rows)
 
 
+async def oldest_day(conn: Executor) -> dt.date | None:
+    """The oldest UTC day the inbox holds: its oldest partition's (empty or not: a day is
+    held until its partition is dropped), or a row's in the default partition where that is
+    older (a day whose partition was never made); None if it holds none. Cheap: the catalog,
+    and the default partition's index on received_at."""
+    held = await days(conn)
+    row_at: dt.datetime | None = await conn.fetchval("SELECT min(received_at) FROM inbox_default")
+    candidates = held[:1] + ([row_at.astimezone(dt.UTC).date()] if row_at is not None else [])
+    return min(candidates, default=None)
+
+
 async def unpublished_between(conn: Executor, start: dt.datetime, end: dt.datetime) -> int:
     """Rows received in [start, end) that RabbitMQ never confirmed (the sweeper owes them)."""
     return int(

@@ -15,6 +15,7 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from services.ingest.app import create_app
@@ -23,11 +24,13 @@ from shared.amqp.broker import BROKER
 from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.db import create_pool
+from shared.metrics import ReconcilerMetrics
 from shared.migrate import load_migrations
-from shared.ops.archive import UNRECORDED_KEPT_S, ArchivesUnreachableError
+from shared.ops.archive import UNRECORDED_KEPT_S, ArchivesUnreachableError, day_range
 from shared.ops.archive_files import event_of, lines
 from shared.ops.erasure import MARKER, parse_selector
 from shared.ops.operator_actions import Edge, Operator, erase_recorded
+from shared.queries import partitions as partitions_sql
 from tests.conftest import TEST_SECRETS
 from tests.helpers import delivery, drain, payment_event
 from tests.integration.inbox_events import store_events
@@ -39,10 +42,15 @@ AGE = dt.timedelta(days=40)  # past the 35 days of retention
 RAW_BODY = b'{"event":"payment.status_changed","payment_id":"pay_arch","note":"\xff\xfe"}\r\n  '
 
 
-async def housekeeping(settings: Settings, archive_dir: Path | None) -> dict[str, int]:
+async def housekeeping(
+    settings: Settings, archive_dir: Path | None, metrics: ReconcilerMetrics | None = None
+) -> dict[str, int]:
     pool = await create_pool(settings.database_url)
+    metrics = metrics or ReconcilerMetrics.create(CollectorRegistry())
     try:
-        return await housekeeping_once(pool, retention_days=35, archive_dir=archive_dir)
+        return await housekeeping_once(
+            pool, retention_days=35, archive_dir=archive_dir, metrics=metrics
+        )
     finally:
         await pool.close()
 
@@ -172,10 +180,12 @@ async def test_a_day_with_a_row_never_published_is_not_archived(
     [old] = await store_events(db, published=False)
     await received_long_ago(db, [old])
     await db.execute("UPDATE inbox_unpublished SET received_at = now() - interval '40 days'")
+    registry = CollectorRegistry()
 
-    deleted = await housekeeping(settings, tmp_path)
+    deleted = await housekeeping(settings, tmp_path, ReconcilerMetrics.create(registry))
 
     assert deleted["inbox"] == 0
+    assert expiries(registry)["postponed"] == 1
     assert await db.fetchval("SELECT count(*) FROM inbox") == 1
     assert await db.fetchval("SELECT count(*) FROM inbox_archives") == 0
 
@@ -329,10 +339,13 @@ async def test_an_archive_that_cannot_be_written_keeps_the_day_and_the_rest_goes
         " VALUES ('orders', 'old', 'ok', now() - interval '40 days')"
     )
 
+    registry = CollectorRegistry()
+
     with capture_logs() as logs:
-        deleted = await housekeeping(settings, not_a_directory)
+        deleted = await housekeeping(settings, not_a_directory, ReconcilerMetrics.create(registry))
 
     assert (deleted["inbox"], deleted["processed_events"]) == (0, 1)
+    assert expiries(registry) == {"archived": 0, "refused": 0, "failed": 1, "postponed": 0}
     assert await db.fetchval("SELECT count(*) FROM inbox") == 1
     assert [e["log_level"] for e in logs if e["event"] == "inbox.expiry_failed"] == ["error"]
 
@@ -349,8 +362,9 @@ async def test_a_drop_waiting_behind_a_reader_gives_up_and_the_next_pass_archive
         await transaction.start()
         await reader.fetchval("SELECT count(*) FROM inbox")  # holds a lock the drop waits for
 
+        registry = CollectorRegistry()
         with capture_logs() as logs:
-            first = await housekeeping(settings, tmp_path)
+            first = await housekeeping(settings, tmp_path, ReconcilerMetrics.create(registry))
         await transaction.rollback()
     finally:
         await reader.close()
@@ -358,6 +372,49 @@ async def test_a_drop_waiting_behind_a_reader_gives_up_and_the_next_pass_archive
 
     assert first["inbox"] == 0
     assert any(e.get("reason") == "lock_timeout" for e in logs)
+    assert (expiries(registry)["postponed"] or 0) >= 1  # earlier tests' empty days wait too
     assert second["inbox"] == 1
     recorded = await db.fetchval("SELECT file_name FROM inbox_archives")
     assert await asyncio.to_thread(os.listdir, tmp_path) == [recorded]
+
+
+async def test_the_oldest_day_held_is_measured_until_its_archive_and_drop(
+    settings: Settings, db: Any, tmp_path: Path
+) -> None:
+    """What PayhooksInboxRetentionBehind alerts on: without ARCHIVE_DIR a day past the
+    retention stays, and its age with it; archived, the age falls back within a day of it."""
+    await housekeeping(settings, tmp_path)  # earlier tests' empty days past the retention
+    [old] = await store_events(db)
+    await received_long_ago(db, [old])
+    day = (dt.datetime.now(dt.UTC) - AGE).date()
+    # Before a pass, the row waits in the default partition: its day is held all the same.
+    assert await partitions_sql.oldest_day(db) == day
+    registry = CollectorRegistry()
+    metrics = ReconcilerMetrics.create(registry)
+
+    def gauge(name: str) -> float:
+        value = registry.get_sample_value(name)
+        assert value is not None, name
+        return value
+
+    with capture_logs() as logs:
+        await housekeeping(settings, None, metrics)
+    held_s = gauge("payhooks_inbox_oldest_day_age_seconds")
+    expected_s = (dt.datetime.now(dt.UTC) - day_range(day)[0]).total_seconds()
+    assert any(e["event"] == "inbox.expiry_refused" for e in logs)
+    assert gauge("payhooks_inbox_retention_seconds") == 35 * 86_400
+    assert expected_s - 60 < held_s <= expected_s
+    assert expiries(registry) == {"archived": 0, "refused": 1, "failed": 0, "postponed": 0}
+
+    await housekeeping(settings, tmp_path, metrics)
+
+    assert await db.fetchval("SELECT count(*) FROM inbox_archives") >= 1
+    assert 0 < gauge("payhooks_inbox_oldest_day_age_seconds") < 36 * 86_400
+    assert expiries(registry) == {"archived": 1, "refused": 1, "failed": 0, "postponed": 0}
+
+
+def expiries(registry: CollectorRegistry) -> dict[str, float | None]:
+    return {
+        outcome: registry.get_sample_value("payhooks_inbox_expiry_total", {"outcome": outcome})
+        for outcome in ("archived", "refused", "failed", "postponed")
+    }

@@ -115,6 +115,10 @@ CONTRACT: dict[str, dict[str, Metric]] = {
         "payhooks_reconcile_overdue_seconds": Metric("gauge", ("class",)),
         "payhooks_reconcile_due_orders": Metric("gauge", ("class",)),
         "payhooks_reconcile_interval_seconds": Metric("gauge"),
+        # The inbox's retention kept (services/reconciler/jobs.py housekeeping_once).
+        "payhooks_inbox_oldest_day_age_seconds": Metric("gauge"),
+        "payhooks_inbox_retention_seconds": Metric("gauge"),
+        "payhooks_inbox_expiry_total": Metric("counter", ("outcome",)),
         "payhooks_provider_requests_total": Metric("counter", ("outcome",)),
     },
 }
@@ -168,6 +172,9 @@ LABEL_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ),
     ("payhooks_dependency_server_info", "dependency"): frozenset(("postgresql", "rabbitmq")),
     ("payhooks_reconcile_overdue_seconds", "class"): RECONCILE_CLASSES,
+    ("payhooks_inbox_expiry_total", "outcome"): frozenset(
+        ("archived", "refused", "failed", "postponed")
+    ),
     ("payhooks_reconcile_due_orders", "class"): RECONCILE_CLASSES,
     ("payhooks_provider_requests_total", "outcome"): frozenset(
         (

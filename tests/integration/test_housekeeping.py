@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from services.reconciler.jobs import housekeeping_once
 from shared.config import Settings
 from shared.db import create_pool
+from shared.metrics import ReconcilerMetrics
 
 
 async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
@@ -55,8 +58,14 @@ async def test_rows_past_retention_are_deleted_but_never_unpublished_ones(
         " ('old_unsent', 'p4', 'e', 'e', '', now() - interval '40 days', now(), NULL, NULL)"
     )
     pool = await create_pool(settings.database_url)
+    registry = CollectorRegistry()
     try:
-        deleted = await housekeeping_once(pool, retention_days=35, archive_dir=tmp_path)
+        deleted = await housekeeping_once(
+            pool,
+            retention_days=35,
+            archive_dir=tmp_path,
+            metrics=ReconcilerMetrics.create(registry),
+        )
     finally:
         await pool.close()
 
