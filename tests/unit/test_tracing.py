@@ -68,13 +68,3 @@ def test_a_batch_whose_traces_were_not_sampled_gets_no_spans() -> None:
         assert not tracing.worth_tracing([left_out, left_out])
     finally:
         tracing._tracer = None
-
-
-def test_a_query_outside_any_span_starts_no_trace() -> None:
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision
-
-    sampler = tracing._without_lone_queries(ALWAYS_ON)
-    query = sampler.should_sample(None, 1, "SELECT", attributes={"db.system": "postgresql"})
-    assert query.decision is Decision.DROP
-    batch = sampler.should_sample(None, 1, "orders batch", attributes={"x": 1})
-    assert batch.decision is Decision.RECORD_AND_SAMPLE
