@@ -225,8 +225,9 @@ def _left_out(headers: Mapping[str, Any]) -> bool:
 class BatchTrace:
     """The spans of one worker batch (only while tracing is on): `<worker> batch`, current
     while the batch is handled (its duration is the batch's transaction and publishes; a
-    step span such as `smtp send` nests under it) and linked to every message's context; and `<worker> message` per message, a child of the context the
-    message carries, linked to the batch span. `headers(i)` is message i's headers with the
+    step span such as `smtp send` nests under it) and linked to every message's context;
+    and `<worker> message` per message, a child of the context the message carries, linked
+    to the batch span. `headers(i)` is message i's headers with the
     message span's context in place of the received one, for what the handler publishes
     from it."""
 
