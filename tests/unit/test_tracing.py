@@ -68,3 +68,10 @@ def test_a_batch_whose_traces_were_not_sampled_gets_no_spans() -> None:
         assert not tracing.worth_tracing([left_out, left_out])
     finally:
         tracing._tracer = None
+
+
+def test_one_payment_in_ten_unless_the_environment_chooses_a_sampler() -> None:
+    chosen = tracing.sampler({})
+    assert chosen is not None
+    assert chosen.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.1},")
+    assert tracing.sampler({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}) is None
