@@ -70,8 +70,8 @@ def test_a_batch_whose_traces_were_not_sampled_gets_no_spans() -> None:
         tracing._tracer = None
 
 
-def test_one_payment_in_ten_unless_the_environment_chooses_a_sampler() -> None:
+def test_one_payment_in_a_hundred_unless_the_environment_chooses_a_sampler() -> None:
     chosen = tracing.sampler({})
     assert chosen is not None
-    assert chosen.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.1},")
+    assert chosen.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.01},")
     assert tracing.sampler({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}) is None
