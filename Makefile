@@ -140,7 +140,8 @@ PROVIDERS ?= xhub
 demo: install
 	@BIN=$(BIN) PROVIDERS=$(PROVIDERS) bash scripts/demo.sh
 
-# make demo with tracing on, on a machine without Jaeger (docs/observability.md, "Viewing a trace
+# make demo with every payment traced (parentbased_always_on; the services sample one in a hundred
+# by default), on a machine without Jaeger (docs/observability.md, "Viewing a trace
 # in the demo"): bench.trace_view receives every service's spans over OTLP/HTTP on TRACE_PORT and
 # keeps them in memory; at the end the first TRACE_PAYMENTS payments' traces go to
 # demo-traces.txt as trees and the first one is printed. The viewer stops with the target.
@@ -158,7 +159,7 @@ demo-traces: install
 			echo "bench.trace_view did not start on :$(TRACE_PORT)" >&2; exit 1; }; \
 		sleep 0.25; \
 	done; \
-	status=0; OTEL_EXPORTER_OTLP_ENDPOINT=$$url BIN=$(BIN) PROVIDERS=$(PROVIDERS) \
+	status=0; OTEL_EXPORTER_OTLP_ENDPOINT=$$url OTEL_TRACES_SAMPLER=parentbased_always_on BIN=$(BIN) PROVIDERS=$(PROVIDERS) \
 		bash scripts/demo.sh || status=$$?; \
 	[ $$status -ne 130 ] || exit 130; \
 	$(PY) -m bench.trace_view first $(TRACE_PAYMENTS) --url $$url >demo-traces.txt || status=1; \

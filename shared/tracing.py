@@ -15,12 +15,12 @@ secret or a signature (tests/integration/test_traces.py)."""
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.trace import Span, Tracer
 
 TRACEPARENT = "traceparent"
@@ -31,14 +31,15 @@ RECEIVED_AT = "received-at"
 # The headers a message passes on to the messages that follow from it (the outbox's).
 CARRIED = (TRACEPARENT, TRACESTATE, RECEIVED_AT)
 
-# What marks asyncpg's query spans (old and new semantic conventions).
-_QUERY_KEYS = frozenset({"db.system", "db.system.name"})
+# The share of payments traced unless OTEL_TRACES_SAMPLER says otherwise (sampler()).
+DEFAULT_RATIO = 0.01
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+# Probes and scrapes are no part of a payment's story.
+_UNTRACED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 _tracer: Tracer | None = None
 _middleware: Any = None
 _propagator: Any = None
-_uninstrument: list[Any] = []
 
 
 def wanted(env: Mapping[str, str] = os.environ) -> bool:
@@ -54,8 +55,8 @@ def enabled() -> bool:
 
 def configure(service: str) -> bool:
     """At a service's start: tracing on if the environment wants it, spans exported over
-    OTLP/HTTP in batches. The SDK reads the other OTEL_* variables itself (OTEL_SERVICE_NAME,
-    which wins over `service`, OTEL_TRACES_SAMPLER, OTEL_EXPORTER_OTLP_HEADERS, ...)."""
+    OTLP/HTTP in batches, sampled as sampler() says. The SDK reads the other OTEL_* variables
+    itself (OTEL_SERVICE_NAME, which wins over `service`, OTEL_EXPORTER_OTLP_HEADERS, ...)."""
     if _tracer is not None or not wanted():
         return _tracer is not None
     from opentelemetry import trace
@@ -65,90 +66,93 @@ def configure(service: str) -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
-    chosen = TracerProvider().sampler  # OTEL_TRACES_SAMPLER's, as the SDK reads it
-    provider = TracerProvider(
-        resource=Resource.create(attributes), sampler=_without_lone_queries(chosen)
-    )
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler())
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     install(provider)
     return True
 
 
-def _without_lone_queries(sampler: Any) -> Any:
-    """`sampler`, except that a query outside any span (a relay's poll, a worker's controls
-    re-read every second) starts no trace of its own: a query is traced within a payment's
-    request or a worker's batch."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+def sampler(env: Mapping[str, str] = os.environ) -> Sampler | None:
+    """One payment in a hundred (DEFAULT_RATIO, decided at ingest and followed by the
+    workers) unless OTEL_TRACES_SAMPLER chooses (None: the SDK reads it). Not the SDK's
+    default of every payment, which costs about 30 % of the throughput, nor one in ten,
+    about 10 %: one in a hundred stays within 10 % (docs/observability.md, "What it costs")."""
+    if env.get("OTEL_TRACES_SAMPLER"):
+        return None
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    class WithoutLoneQueries(Sampler):
-        def should_sample(
-            self,
-            parent_context: Any,
-            trace_id: int,
-            name: str,
-            kind: Any = None,
-            attributes: Any = None,
-            links: Any = None,
-            trace_state: Any = None,
-        ) -> SamplingResult:
-            parent = trace.get_current_span(parent_context).get_span_context()
-            if not parent.is_valid and attributes and _QUERY_KEYS & attributes.keys():
-                return SamplingResult(Decision.DROP)
-            return sampler.should_sample(  # type: ignore[no-any-return]
-                parent_context, trace_id, name, kind, attributes, links, trace_state
-            )
-
-        def get_description(self) -> str:
-            return f"WithoutLoneQueries{{{sampler.get_description()}}}"
-
-    return WithoutLoneQueries()
+    return ParentBased(TraceIdRatioBased(DEFAULT_RATIO))
 
 
 def install(provider: TracerProvider) -> None:
-    """Trace with `provider` (configure's, or a test's with an in-memory exporter): our spans,
-    aiohttp's server requests (middlewares()) and asyncpg's queries. Before the apps are made."""
+    """Trace with `provider` (configure's, or a test's with an in-memory exporter): our spans
+    and our apps' server requests (middlewares()). Before the apps are made."""
     global _tracer, _middleware, _propagator
-    # Probes and scrapes are no part of a payment's story (read when the module is imported).
-    os.environ.setdefault("OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS", "/healthz,/readyz,/metrics")
-    from aiohttp import web
-    from opentelemetry.instrumentation.aiohttp_server import (
-        AioHttpServerInstrumentor,
-        create_aiohttp_middleware,
-    )
-    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    application = web.Application
-    requests = AioHttpServerInstrumentor()
-    queries = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
-    for instrumentor in (requests, queries):
-        if not instrumentor.is_instrumented_by_opentelemetry:
-            with warnings.catch_warnings():  # the subclass below, which is then put away
-                warnings.filterwarnings("ignore", "Inheritance class", DeprecationWarning)
-                instrumentor.instrument(tracer_provider=provider)
-            _uninstrument.append(instrumentor)
-    # aiohttp's instrumentor sets itself up (excluded URLs, semantic conventions, meters) and
-    # swaps web.Application for a subclass that adds its middleware, which aiohttp 3.14
-    # deprecates: aiohttp's own class stays, and our apps add the same middleware themselves
-    # (shared/process/web.py base_app).
-    web.Application = application  # type: ignore[misc]
-    _middleware = create_aiohttp_middleware(tracer_provider=provider)
     _propagator = TraceContextTextMapPropagator()  # W3C trace context only: no baggage
     _tracer = provider.get_tracer("payhooks")
+    _middleware = _server_spans(_tracer)
+
+
+def _server_spans(tracer_: Tracer) -> Any:
+    """The aiohttp middleware that gives each request a SERVER span, `POST
+    /webhooks/{provider}` (method and route), continuing the caller's W3C context. Ours rather
+    than opentelemetry-instrumentation-aiohttp-server's: that one costs ~50 µs on every
+    request, sampled or not (semantic-convention attributes, URL filters, HTTP metrics),
+    which was most of tracing's cost at a sampled rate (docs/observability.md). This one
+    records the route (never the path or query, which may carry ids of people), the method
+    and the status, and only on a sampled span."""
+    from aiohttp import web
+    from opentelemetry import context, trace
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    @web.middleware
+    async def server_span(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in _UNTRACED_PATHS:
+            return await handler(request)  # type: ignore[no-any-return]
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        span = tracer_.start_span(
+            f"{request.method} {route}",
+            context=_propagator.extract(request.headers),
+            kind=SpanKind.SERVER,
+        )
+        status = 500
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            response: web.StreamResponse = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as e:
+            status = e.status
+            raise
+        finally:
+            context.detach(token)
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "http.request.method": request.method,
+                        "http.route": route,
+                        "http.response.status_code": status,
+                    }
+                )
+                if status >= 500:
+                    span.set_status(StatusCode.ERROR)
+            span.end()
+
+    return server_span
 
 
 def middlewares() -> list[Any]:
-    """The aiohttp server instrumentation's middleware while tracing is on, else none."""
+    """The server-span middleware while tracing is on, else none."""
     return [] if _middleware is None else [_middleware]
 
 
 def uninstall() -> None:
     """Tracing off again (tests)."""
     global _tracer, _middleware
-    while _uninstrument:
-        _uninstrument.pop().uninstrument()
     _tracer = _middleware = None
 
 
@@ -235,9 +239,10 @@ def _left_out(headers: Mapping[str, Any]) -> bool:
 
 class BatchTrace:
     """The spans of one worker batch (only while tracing is on): `<worker> batch`, current
-    while the batch is handled (so asyncpg's query spans nest under it) and linked to every
-    message's context; and `<worker> message` per message, a child of the context the
-    message carries, linked to the batch span. `headers(i)` is message i's headers with the
+    while the batch is handled (its duration is the batch's transaction and publishes; a
+    step span such as `smtp send` nests under it) and linked to every message's context;
+    and `<worker> message` per message, a child of the context the message carries, linked
+    to the batch span. `headers(i)` is message i's headers with the
     message span's context in place of the received one, for what the handler publishes
     from it."""
 

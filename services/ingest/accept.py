@@ -174,7 +174,9 @@ class Acceptor:
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._admit(deadline, now)
-        tracing.annotate(event_id=webhook.event_id, payment_id=webhook.payment_id)
+        tracing.annotate(
+            provider=self._provider, event_id=webhook.event_id, payment_id=webhook.payment_id
+        )
         carried = {tracing.RECEIVED_AT: f"{time.time():.3f}", **tracing.current_headers()}
         item = _Item(webhook, headers, loop.create_future(), now, carried)
         self._pending.append(item)

@@ -124,7 +124,7 @@ def serve(service: Service) -> None:
     configure_logging(settings.log_level, settings.log_format)
     raise_to_hard_limit()  # before the app: ingest sizes its in-flight cap by it
     # Traces only where OTEL_EXPORTER_OTLP_ENDPOINT asks (docs/observability.md); before the
-    # app is made (aiohttp's instrumentation wraps web.Application).
+    # app is made (base_app adds the server-span middleware then).
     tracing.configure(f"payhooks-{service.name}")
     if (copies := service.processes(settings)) > 1 and supervised_by() is None:
         raise SystemExit(supervise(service.name, copies))

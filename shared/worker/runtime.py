@@ -233,9 +233,12 @@ class Worker:
             if tracing.worth_tracing([d.headers for d in deliveries])
             else None
         )
-        if traced is not None:
+        if traced is not None:  # a message with a span of its own passes on that span's context
             deliveries = [
-                dataclasses.replace(d, headers=traced.headers(i)) for i, d in enumerate(deliveries)
+                d
+                if traced.messages[i] is None
+                else dataclasses.replace(d, headers=traced.headers(i))
+                for i, d in enumerate(deliveries)
             ]
         try:
             await self._handle(messages, deliveries, handled, results, started, traced)

@@ -11,15 +11,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
 
 from shared import tracing
 from shared.amqp.topology import Topology
-from shared.process.web import REGISTRY
+from shared.process.web import REGISTRY, base_app
 from tests.conftest import TEST_SECRETS, SmtpSink
 from tests.helpers import delivery, eventually, payment_event
 from tests.integration.system import (
@@ -170,6 +172,45 @@ async def test_a_payment_ingest_did_not_sample_leaves_no_span_in_any_worker(
     assert not {n for n in names if n.endswith((" message", " batch")) or n == "smtp send"}
     for worker in ("orders", "bonuses", "email"):
         assert _effect_count(system, worker) >= 1, worker
+
+
+async def test_a_request_span_is_named_by_route_continues_the_caller_and_skips_probes(
+    spans: InMemorySpanExporter, aiohttp_client: Any
+) -> None:
+    """The server-span middleware (shared/tracing.py): `METHOD route`, the caller's W3C
+    context continued, method, route and status only (no path: it may carry a person's id),
+    an error status for a 5xx; no span for /healthz, /readyz or /metrics."""
+
+    async def found(request: web.Request) -> web.Response:
+        return web.Response(text=request.match_info["user_id"])
+
+    async def broken(_: web.Request) -> web.Response:
+        raise web.HTTPServiceUnavailable()
+
+    app = base_app(CollectorRegistry())
+    app.router.add_get("/users/{user_id:[^/]+}", found)
+    app.router.add_post("/broken", broken)
+    client = await aiohttp_client(app)
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert (await client.get("/users/someone@example.com", headers={"traceparent": caller})).ok
+    assert (await client.post("/broken")).status == 503
+    for probe in ("/healthz", "/metrics"):
+        assert (await client.get(probe)).status == 200
+    user, failed = spans.get_finished_spans()
+    assert user.name == "GET /users/{user_id}"
+    assert user.kind is SpanKind.SERVER
+    assert user.context is not None
+    assert user.parent is not None
+    assert user.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert user.parent.span_id == 0xB7AD6B7169203331
+    assert dict(user.attributes or {}) == {
+        "http.request.method": "GET",
+        "http.route": "/users/{user_id}",
+        "http.response.status_code": 200,
+    }
+    assert failed.name == "POST /broken"
+    assert (failed.attributes or {})["http.response.status_code"] == 503
+    assert failed.status.status_code is StatusCode.ERROR
 
 
 async def _async(value: Any) -> Any:

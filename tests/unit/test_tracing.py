@@ -70,11 +70,8 @@ def test_a_batch_whose_traces_were_not_sampled_gets_no_spans() -> None:
         tracing._tracer = None
 
 
-def test_a_query_outside_any_span_starts_no_trace() -> None:
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision
-
-    sampler = tracing._without_lone_queries(ALWAYS_ON)
-    query = sampler.should_sample(None, 1, "SELECT", attributes={"db.system": "postgresql"})
-    assert query.decision is Decision.DROP
-    batch = sampler.should_sample(None, 1, "orders batch", attributes={"x": 1})
-    assert batch.decision is Decision.RECORD_AND_SAMPLE
+def test_one_payment_in_a_hundred_unless_the_environment_chooses_a_sampler() -> None:
+    chosen = tracing.sampler({})
+    assert chosen is not None
+    assert chosen.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.01},")
+    assert tracing.sampler({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}) is None
