@@ -8,6 +8,7 @@ import sys
 
 import orjson
 
+from services.cli.failure import fail
 from shared.config import Settings
 from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_USAGE
 from shared.ops import archive
@@ -34,16 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.set_defaults(handler=archive_show)
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"payhooks: {message}", file=sys.stderr)
-    return code
-
-
 async def archive_list(settings: Settings, args: argparse.Namespace) -> int:
     """0: every archive checks out (or there are none); 1: a file is missing or corrupt;
     2: ARCHIVE_DIR not set."""
     if settings.archive_dir is None:
-        return _fail("ARCHIVE_DIR is not set: no archive can be read", EXIT_USAGE)
+        return fail("ARCHIVE_DIR is not set: no archive can be read", EXIT_USAGE)
     async with database(settings) as conn:
         checks = await archive.checked(conn, settings.archive_dir)
     if args.json:
@@ -74,16 +70,16 @@ async def archive_show(settings: Settings, args: argparse.Namespace) -> int:
     """0: found (its file checked first); 1: in no archive, or its archive is corrupt;
     2: ARCHIVE_DIR not set."""
     if settings.archive_dir is None:
-        return _fail("ARCHIVE_DIR is not set: no archive can be read", EXIT_USAGE)
+        return fail("ARCHIVE_DIR is not set: no archive can be read", EXIT_USAGE)
     async with database(settings) as conn:
         try:
             file_name, event = await archive.find_event(
                 conn, settings.archive_dir, args.event_id, args.provider
             )
         except ArchiveCorruptError as e:
-            return _fail(f"archive {e}", EXIT_NOTHING)
+            return fail(f"archive {e}", EXIT_NOTHING)
         except archive.EventNotArchivedError:
-            return _fail(f"event {args.event_id} is in no archive", EXIT_NOTHING)
+            return fail(f"event {args.event_id} is in no archive", EXIT_NOTHING)
     body: bytes = event.pop("body")
     if args.raw:
         sys.stdout.buffer.write(body)

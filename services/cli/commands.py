@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aio_pika.abc import AbstractChannel
 
+from services.cli.failure import fail
 from shared.amqp.topology import build_topology
 from shared.config import Settings
 from shared.errors import EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE
@@ -53,11 +54,6 @@ async def _channel(settings: Settings) -> AsyncIterator[AbstractChannel]:
         yield channel
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"payhooks: {message}", file=sys.stderr)
-    return code
-
-
 async def order_add(settings: Settings, args: argparse.Namespace) -> int:
     data = {
         "order_id": args.order_id,
@@ -77,7 +73,7 @@ async def order_add(settings: Settings, args: argparse.Namespace) -> int:
         try:
             registered = await register_order_recorded(conn, order, _operator())
         except orders_sql.OrderConflictError as e:
-            return _fail(str(e), EXIT_CONFLICT)
+            return fail(str(e), EXIT_CONFLICT)
     shown = registered.as_json()
     if args.json:
         _print_json(shown)
@@ -102,7 +98,7 @@ async def payment_show(settings: Settings, args: argparse.Namespace) -> int:
     async with database(settings) as conn:
         view = await payment_view(conn, args.payment_id, letters)
     if view is None:
-        return _fail(f"payment {args.payment_id} is unknown (no order, no webhook)", EXIT_NOTHING)
+        return fail(f"payment {args.payment_id} is unknown (no order, no webhook)", EXIT_NOTHING)
     if args.json:
         _print_json(view)
         return EXIT_OK
@@ -189,9 +185,9 @@ async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
         filters = {f: getattr(args, f) for f in FILTERS}
         selection = Selection.parse(ids=args.id or (), everything=args.all, **filters)
     except ValueError as e:
-        return _fail(f"--{e}", EXIT_USAGE)
+        return fail(f"--{e}", EXIT_USAGE)
     if selection.says_nothing:
-        return _fail(
+        return fail(
             "say what to requeue: --id ID, --all, or a filter (--reason, --event-type,"
             " --payment-id, --provider, --since, --until)",
             EXIT_USAGE,
@@ -223,7 +219,7 @@ async def dlq_requeue(settings: Settings, args: argparse.Namespace) -> int:
 
 async def dlq_purge(settings: Settings, args: argparse.Namespace) -> int:
     if not args.yes:
-        return _fail("purge deletes messages for good: add --yes to confirm", EXIT_USAGE)
+        return fail("purge deletes messages for good: add --yes to confirm", EXIT_USAGE)
     progress = Progress("purged")
     async with broker(settings) as (channel, topology):
         purged = await purge_recorded(

@@ -4,10 +4,10 @@ through the same audited function as the api."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 import orjson
 
+from services.cli.failure import fail
 from shared.config import Settings
 from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_USAGE
 from shared.ops import archive, erasure
@@ -26,11 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=command)
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"payhooks: {message}", file=sys.stderr)
-    return code
-
-
 async def command(settings: Settings, args: argparse.Namespace) -> int:
     """0: erased, or nothing left to erase of a known person (already erased); 1: an unknown
     user or order id, or an address held nowhere, or an archive found corrupt (nothing
@@ -38,17 +33,17 @@ async def command(settings: Settings, args: argparse.Namespace) -> int:
     try:
         selector = erasure.parse_selector(args.email, args.user, args.order)
     except erasure.ErasureInputError as e:
-        return _fail(str(e), EXIT_USAGE)
+        return fail(str(e), EXIT_USAGE)
     by = Operator(audit.cli_actor(), Edge.CLI)
     async with database(settings) as conn:
         try:
             erased = await erase_recorded(conn, selector, by, settings.archive_dir)
         except erasure.PersonNotFoundError as e:
-            return _fail(str(e), EXIT_NOTHING)
+            return fail(str(e), EXIT_NOTHING)
         except ArchiveCorruptError as e:
-            return _fail(f"nothing erased: archive {e}", EXIT_NOTHING)
+            return fail(f"nothing erased: archive {e}", EXIT_NOTHING)
         except archive.ArchivesUnreachableError as e:
-            return _fail(f"nothing erased: {e}", EXIT_USAGE)
+            return fail(f"nothing erased: {e}", EXIT_USAGE)
     answer = erased.as_json()
     if args.json:
         print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())

@@ -4,13 +4,13 @@ with `--dry-run` (shared/ops/replay.py, through operator_actions.replay_recorded
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import orjson
 from aio_pika.abc import AbstractChannel
 
+from services.cli.failure import fail
 from shared.amqp.topology import build_topology
 from shared.config import Settings
 from shared.errors import EXIT_NOTHING, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
@@ -61,11 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=replay)
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"payhooks: {message}", file=sys.stderr)
-    return code
-
-
 @asynccontextmanager
 async def _channel(settings: Settings) -> AsyncIterator[AbstractChannel]:
     async with broker(settings) as (channel, _):
@@ -89,7 +84,7 @@ async def replay(settings: Settings, args: argparse.Namespace) -> int:
         )
     except ReplayInputError as e:
         flag = _FLAGS.get(e.name, "--" + e.name.replace("_", "-"))
-        return _fail(f"{flag} {e.why}", EXIT_USAGE)
+        return fail(f"{flag} {e.why}", EXIT_USAGE)
     by = Operator(audit.cli_actor(), Edge.CLI)
     topology = build_topology(settings.amqp_prefix, settings.retry_delays_s)
     async with database(settings) as conn:
@@ -98,9 +93,9 @@ async def replay(settings: Settings, args: argparse.Namespace) -> int:
                 conn, lambda: _channel(settings), topology, request, by, conn, dry_run=args.dry_run
             )
         except ReplayTooLargeError as e:
-            return _fail(str(e), EXIT_USAGE)
+            return fail(str(e), EXIT_USAGE)
         except ReplayPublishError as e:
-            return _fail(str(e), EXIT_USAGE if e.unroutable else EXIT_UNREACHABLE)
+            return fail(str(e), EXIT_USAGE if e.unroutable else EXIT_UNREACHABLE)
     if args.json:
         print(orjson.dumps(done.as_json(), option=orjson.OPT_INDENT_2).decode())
     else:

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import orjson
 from aio_pika.abc import AbstractChannel
 
+from services.cli.failure import fail
 from shared.amqp.topology import build_topology
 from shared.config import Settings
 from shared.errors import EXIT_BUSY, EXIT_CONFLICT, EXIT_NOTHING, EXIT_OK, EXIT_USAGE
@@ -44,11 +45,6 @@ def add_missing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=missing_list)
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"payhooks: {message}", file=sys.stderr)
-    return code
-
-
 def _dumps(data: object) -> str:
     return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
 
@@ -78,11 +74,11 @@ async def order_resolve(settings: Settings, args: argparse.Namespace) -> int:
                 orders_dead_letters(channel, topology, args.payment_id),
             )
         except PaymentNotFoundError as e:
-            return _fail(str(e), EXIT_NOTHING)
+            return fail(str(e), EXIT_NOTHING)
         except InFlightError as e:
-            return _fail(str(e), EXIT_BUSY)
+            return fail(str(e), EXIT_BUSY)
         except ResolveRefusedError as e:
-            return _fail(str(e), EXIT_CONFLICT)
+            return fail(str(e), EXIT_CONFLICT)
     if args.json:
         print(_dumps(resolved.as_json()))
     else:
@@ -99,7 +95,7 @@ async def missing_list(settings: Settings, args: argparse.Namespace) -> int:
     try:
         window = missing.Window.parse(args.since, args.until, args.limit)
     except missing.BadWindowError as e:
-        return _fail(f"--{e.name} {e.why}", EXIT_USAGE)
+        return fail(f"--{e.name} {e.why}", EXIT_USAGE)
     async with database(settings) as conn:
         found = await missing.missing(conn, window)
     if args.json:

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from services.cli.failure import fail
 from shared.config import Settings
 from shared.errors import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE
 from shared.ops.connections import database
@@ -105,16 +106,11 @@ async def _act(
     return EXIT_OK
 
 
-def _invalid(message: str) -> int:
-    print(f"payhooks: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
 async def pause_worker(settings: Settings, args: argparse.Namespace) -> int:
     try:
         reason = parse_reason(args.reason)
     except WorkerInputError as e:
-        return _invalid(f"--reason: {e}")
+        return fail(f"--reason: {e}", EXIT_USAGE)
     return await _act(
         settings,
         args,
@@ -139,7 +135,7 @@ async def throttle_worker(settings: Settings, args: argparse.Namespace) -> int:
     try:
         rate = parse_rate(args.per_second)
     except WorkerInputError as e:
-        return _invalid(f"--per-second: {e}".replace("per_second ", ""))
+        return fail(f"--per-second: {e}".replace("per_second ", ""), EXIT_USAGE)
     return await _act(
         settings,
         args,
