@@ -473,7 +473,8 @@ PROVIDER_OUTCOMES = (
 
 @dataclass(frozen=True, slots=True)
 class ProviderMetrics:
-    """The X-Hub API client's requests (shared/providers/xhub/client.py), in the reconciler."""
+    """The payment API clients' requests (shared/providers/xhub/client.py), in the reconciler,
+    by provider: with X-Hub's and Stripe's keys both set, an alert names whose key is refused."""
 
     requests: Counter
     request_duration: Histogram
@@ -481,24 +482,31 @@ class ProviderMetrics:
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ProviderMetrics:
         return cls(
-            requests=_counter(
+            requests=Counter(
                 "payhooks_provider_requests",
-                "HTTP requests to the provider's API (each retry counts), by outcome.",
-                registry,
-                "outcome",
-                PROVIDER_OUTCOMES,
+                "HTTP requests to a provider's payment API (each retry counts), by provider and"
+                " outcome.",
+                ["provider", "outcome"],
+                registry=registry,
             ),
             request_duration=Histogram(
                 "payhooks_provider_request_duration_seconds",
-                "Time one HTTP request to the provider's API took, failed ones included.",
+                "Time one HTTP request to a provider's payment API took, failed ones included.",
+                ["provider"],
                 buckets=_PROVIDER_BUCKETS,
                 registry=registry,
             ),
         )
 
-    def observe(self, outcome: str, duration_s: float) -> None:
-        self.requests.labels(outcome=outcome).inc()
-        self.request_duration.observe(duration_s)
+    def track(self, provider: str) -> None:
+        """Export each outcome of `provider`'s client at 0 from the start, so that increase()
+        sees its first 401 too (PayhooksProviderAuthFailing)."""
+        for outcome in PROVIDER_OUTCOMES:
+            self.requests.labels(provider=provider, outcome=outcome)
+
+    def observe(self, provider: str, outcome: str, duration_s: float) -> None:
+        self.requests.labels(provider=provider, outcome=outcome).inc()
+        self.request_duration.labels(provider=provider).observe(duration_s)
 
 
 # resolved: an undecided order the provider's answer confirmed; undecided: one it didn't settle

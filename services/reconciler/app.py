@@ -47,7 +47,7 @@ def payment_clients(settings: Settings, metrics: ProviderMetrics) -> dict[str, P
     for name, (url, key) in settings.provider_apis.items():
         api = BY_NAME[name].payment_api
         if api is not None:
-            clients[name] = ProviderClient.for_api(api, url, key, metrics)
+            clients[name] = ProviderClient.for_api(name, api, url, key, metrics)
     return clients
 
 

@@ -119,7 +119,7 @@ CONTRACT: dict[str, dict[str, Metric]] = {
         "payhooks_inbox_oldest_day_age_seconds": Metric("gauge"),
         "payhooks_inbox_retention_seconds": Metric("gauge"),
         "payhooks_inbox_expiry_total": Metric("counter", ("outcome",)),
-        "payhooks_provider_requests_total": Metric("counter", ("outcome",)),
+        "payhooks_provider_requests_total": Metric("counter", ("outcome", "provider")),
     },
 }
 for _metrics in CONTRACT.values():

@@ -139,7 +139,9 @@ async def test_provider_errors_are_retried_and_a_404_leaves_the_order_alone(
         registry.get_sample_value("payhooks_reconcile_checked_total", {"result": "repaired"}) == 1
     )
     assert (
-        registry.get_sample_value("payhooks_provider_requests_total", {"outcome": "server_error"})
+        registry.get_sample_value(
+            "payhooks_provider_requests_total", {"provider": "xhub", "outcome": "server_error"}
+        )
         == 2
     )
     order = await db.fetchrow("SELECT status FROM orders WHERE payment_id = 'pay_unknown'")

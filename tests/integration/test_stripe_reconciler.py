@@ -95,7 +95,9 @@ def run_with(settings: Settings, topology: Topology, xhub_url: str, stripe_url: 
         api = BY_NAME["stripe"].payment_api
         assert api is not None
         if stripe_url is not None:
-            others["stripe"] = ProviderClient.for_api(api, stripe_url, STRIPE_KEY, provider_metrics)
+            others["stripe"] = ProviderClient.for_api(
+                "stripe", api, stripe_url, STRIPE_KEY, provider_metrics
+            )
         for client in (xhub, *others.values()):
             await client.start()
         metrics = ReconcilerMetrics.create(registry)
@@ -179,6 +181,14 @@ async def test_a_lost_payment_intent_succeeded_is_repaired_from_stripes_api(
     assert request.headers["Stripe-Version"] == "2024-06-20"
     assert request.query.getall("expand[]") == ["latest_charge.refunds"]
     assert checked(reconciler, "repaired")["repaired"] == 1
+    # Counted as Stripe's request, X-Hub's at 0 (an alert on a refused key names its provider).
+    requests = {
+        provider: reconciler.registry.get_sample_value(
+            "payhooks_provider_requests_total", {"provider": provider, "outcome": "ok"}
+        )
+        for provider in ("stripe", "xhub")
+    }
+    assert requests == {"stripe": 1, "xhub": 0}
 
     # Asked again: Stripe still says succeeded, nothing more happens.
     await stripe_named(db, "pi_lost_paid", "charge.dispute.closed", 2)

@@ -172,7 +172,7 @@ async def test_the_reconcilers_stripe_client_reads_the_fake_api() -> None:
     api = STRIPE.payment_api
     assert api is not None
     client = ProviderClient.for_api(
-        api, url, "sk_test_sim", ProviderMetrics.create(CollectorRegistry())
+        "stripe", api, url, "sk_test_sim", ProviderMetrics.create(CollectorRegistry())
     )
     await client.start()
     try:

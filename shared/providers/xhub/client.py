@@ -22,6 +22,7 @@ from shared.config import ConfigError, Settings
 from shared.errors import PermanentError, TransientError
 from shared.metrics import ProviderMetrics
 from shared.providers.base import PaymentApi
+from shared.providers.xhub import PROVIDER
 from shared.providers.xhub.pacing import RateLimiter, parse_retry_after
 from shared.providers.xhub.payments import ProviderPayment, ProviderResponseError, parse_payment
 
@@ -99,6 +100,7 @@ class ProviderClient:
         parse: Callable[[bytes, str], ProviderPayment] = parse_payment,
         headers: Mapping[str, str] | None = None,
         variables: tuple[str, str] = ("XHUB_API_URL", "XHUB_API_KEY"),
+        provider: str = PROVIDER,
     ) -> None:
         url_variable, key_variable = variables
         url = URL(base_url)
@@ -114,7 +116,8 @@ class ProviderClient:
             "Accept": "application/json",
         }
         self._path, self._parse, self._key_variable = path, parse, key_variable
-        self.metrics = metrics
+        self.metrics, self.provider = metrics, provider
+        metrics.track(provider)
         self.policy = policy or ProviderPolicy()
         self._limiter = RateLimiter(self.policy.rate_per_s, self.policy.burst)
         self._rng = rng or random.Random()
@@ -139,7 +142,7 @@ class ProviderClient:
 
     @classmethod
     def for_api(
-        cls, api: PaymentApi, url: str, key: str, metrics: ProviderMetrics
+        cls, provider: str, api: PaymentApi, url: str, key: str, metrics: ProviderMetrics
     ) -> ProviderClient:
         """A client of another provider's payment API (its `PaymentApi`, as configured)."""
         return cls(
@@ -151,6 +154,7 @@ class ProviderClient:
             parse=api.parse,
             headers=api.headers,
             variables=(api.url_variable, api.key_variable),
+            provider=provider,
         )
 
     def __repr__(self) -> str:
@@ -257,10 +261,10 @@ class ProviderClient:
                 body = await response.read()
                 retry_after = response.headers.get("Retry-After")
         except TimeoutError as e:  # aiohttp's connect and read timeouts subclass TimeoutError
-            self.metrics.observe("timeout", loop.time() - started)
+            self.metrics.observe(self.provider, "timeout", loop.time() - started)
             return _Failure("timeout", type(e).__name__, error=e)
         except aiohttp.ClientError as e:
-            self.metrics.observe("network_error", loop.time() - started)
+            self.metrics.observe(self.provider, "network_error", loop.time() - started)
             return _Failure("network_error", type(e).__name__, error=e)
         duration_s = loop.time() - started
 
@@ -268,24 +272,24 @@ class ProviderClient:
             try:
                 payment = self._parse(body, payment_id)
             except ProviderResponseError:
-                self.metrics.observe("invalid_response", duration_s)
+                self.metrics.observe(self.provider, "invalid_response", duration_s)
                 raise
-            self.metrics.observe("ok", duration_s)
+            self.metrics.observe(self.provider, "ok", duration_s)
             return payment
         if status == 429 or status >= 500:
             outcome = "rate_limited" if status == 429 else "server_error"
-            self.metrics.observe(outcome, duration_s)
+            self.metrics.observe(self.provider, outcome, duration_s)
             wait_s = parse_retry_after(retry_after, datetime.now(UTC))
             return _Failure(outcome, f"HTTP {status}", retry_after_s=wait_s)
         if status in (401, 403):
-            self.metrics.observe("unauthorized", duration_s)
+            self.metrics.observe(self.provider, "unauthorized", duration_s)
             raise ProviderAuthError(
                 f"provider refused our credentials (HTTP {status}): check {self._key_variable}"
             )
         if status == 404:
-            self.metrics.observe("not_found", duration_s)
+            self.metrics.observe(self.provider, "not_found", duration_s)
             raise PaymentNotFoundError(payment_id)
-        self.metrics.observe("unexpected_status", duration_s)
+        self.metrics.observe(self.provider, "unexpected_status", duration_s)
         raise ProviderResponseError(
             f"provider answered HTTP {status} for payment {payment_id!r}; expected 200"
         )
