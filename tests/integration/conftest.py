@@ -27,19 +27,28 @@ async def _stray_queues() -> AsyncIterator[None]:
 
 
 @pytest.fixture
+def system_env() -> dict[str, str]:
+    """Variables `system` runs with besides the tests' own (a module overrides this: a
+    provider's secrets, admin tokens, a long park)."""
+    return {}
+
+
+@pytest.fixture
+def flow_settings(
+    make_settings: Callable[..., Settings], smtp: tuple[SmtpSink, int], system_env: dict[str, str]
+) -> Settings:
+    """The settings of `system`: the tests', the SMTP sink's port and the module's system_env
+    (for an api or a CLI run beside it)."""
+    return system_settings(make_settings, smtp[1], **system_env)
+
+
+@pytest.fixture
 async def system(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
-    db: Any,
+    aiohttp_client: Any, flow_settings: Settings, amqp: Any, topology: Topology, db: Any
 ) -> System:
     """The services of the effect path (ingest, orders, bonuses, email), each its own app as in
     production, consuming before the test starts; a module may define its own."""
-    return await start_system(
-        aiohttp_client, system_settings(make_settings, smtp[1]), amqp, topology
-    )
+    return await start_system(aiohttp_client, flow_settings, amqp, topology)
 
 
 @pytest.fixture

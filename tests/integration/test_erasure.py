@@ -20,7 +20,6 @@ import pytest
 from aio_pika.abc import AbstractChannel
 from aiohttp.test_utils import TestClient
 
-from shared.amqp.topology import Topology
 from shared.config import Settings
 from shared.db import init_connection
 from shared.ops.erasure import MARKER, parse_selector
@@ -36,8 +35,6 @@ from tests.integration.system import (
     post,
     quiescent,
     smtp_messages,
-    start_system,
-    system_settings,
 )
 from tests.integration.test_cli_operators import cli_env, run_payhooks
 from tests.integration.test_console import csrf_of, sign_in
@@ -50,17 +47,8 @@ EFFECT_TIMEOUT_S = 30.0
 
 
 @pytest.fixture
-def flow_settings(make_settings: Any, smtp: tuple[SmtpSink, int]) -> Settings:
-    return system_settings(
-        make_settings, smtp[1], ADMIN_TOKENS=TOKENS, UNKNOWN_PAYMENT_PARK_SECONDS="3600"
-    )
-
-
-@pytest.fixture
-async def system(
-    aiohttp_client: Any, flow_settings: Settings, amqp: AbstractChannel, topology: Topology
-) -> System:
-    return await start_system(aiohttp_client, flow_settings, amqp, topology)
+def system_env() -> dict[str, str]:
+    return {"ADMIN_TOKENS": TOKENS, "UNKNOWN_PAYMENT_PARK_SECONDS": "3600"}
 
 
 @pytest.fixture

@@ -36,8 +36,6 @@ from tests.integration.system import (
     quiescent,
     register,
     smtp_messages,
-    start_system,
-    system_settings,
 )
 from tests.integration.test_cli_operators import cli_env, run_payhooks
 from tests.integration.test_console import csrf_of, sign_in
@@ -56,17 +54,8 @@ PAID_EFFECTS = {
 
 
 @pytest.fixture
-def flow_settings(make_settings: Any, smtp: tuple[SmtpSink, int]) -> Settings:
-    return system_settings(
-        make_settings, smtp[1], ADMIN_TOKENS=TOKENS, UNKNOWN_PAYMENT_PARK_SECONDS=LONG_PARK
-    )
-
-
-@pytest.fixture
-async def system(
-    aiohttp_client: Any, flow_settings: Settings, amqp: AbstractChannel, topology: Topology
-) -> System:
-    return await start_system(aiohttp_client, flow_settings, amqp, topology)
+def system_env() -> dict[str, str]:
+    return {"ADMIN_TOKENS": TOKENS, "UNKNOWN_PAYMENT_PARK_SECONDS": LONG_PARK}
 
 
 @pytest.fixture

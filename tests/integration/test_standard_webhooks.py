@@ -37,8 +37,6 @@ from tests.integration.system import (
     quiescent,
     register,
     smtp_messages,
-    start_system,
-    system_settings,
 )
 from tests.refusals import HOSTILE_EXAMPLES, assert_refused_and_unstored, received
 
@@ -85,16 +83,8 @@ async def send(client: TestClient, payload: dict[str, Any], event_id: str) -> An
 
 
 @pytest.fixture
-async def system(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
-    db: Any,
-) -> System:
-    settings = system_settings(make_settings, smtp[1], STANDARD_WEBHOOK_SECRETS=SECRETS)
-    return await start_system(aiohttp_client, settings, amqp, topology)
+def system_env() -> dict[str, str]:
+    return {"STANDARD_WEBHOOK_SECRETS": SECRETS}
 
 
 async def test_a_standard_payment_paid_pays_the_order_once_with_bonus_and_email(

@@ -91,16 +91,8 @@ async def send(client: TestClient, payload: dict[str, Any]) -> Any:
 
 
 @pytest.fixture
-async def system(
-    aiohttp_client: Any,
-    make_settings: Any,
-    smtp: tuple[SmtpSink, int],
-    amqp: Any,
-    topology: Topology,
-    db: Any,
-) -> System:
-    settings = system_settings(make_settings, smtp[1], STRIPE_WEBHOOK_SECRETS=SECRETS)
-    return await start_system(aiohttp_client, settings, amqp, topology)
+def system_env() -> dict[str, str]:
+    return {"STRIPE_WEBHOOK_SECRETS": SECRETS}
 
 
 async def test_a_stripe_payment_intent_succeeded_pays_the_order_once_with_bonus_and_email(
