@@ -188,8 +188,9 @@ async def test_a_pause_under_load_loses_and_reorders_nothing(
         finished = system.finished("orders")
         await asyncio.sleep(2.0)
         assert system.finished("orders") == finished, "a paused worker took work"
-        assert finished < 2 * len(ids), "paused after everything was done: no load left"
-        await load  # ingest went on accepting: the events wait in RabbitMQ
+        # Half the payments come only now (the guard that the pause found work left, which a
+        # fast machine once broke): ingest accepts them, and they wait in RabbitMQ.
+        await load
         assert system.finished("orders") == finished
         await resume_worker_recorded(db, "orders", OPERATOR)
         await eventually(
